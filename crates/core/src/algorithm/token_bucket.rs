@@ -1,0 +1,88 @@
+//! Token bucket: a bucket of `capacity` tokens refilled at `rate`; a request spends `cost`
+//! tokens or is denied without spending. A new key starts full.
+//!
+//! Tokens are kept in units of `1/P` token where the reduced rate is `R` tokens per `P` ms, so
+//! refilling `R` units per millisecond is exact integer arithmetic (see `docs/algorithms.md`).
+
+use super::{Outcome, Update, div_ceil};
+use crate::clock::Timestamp;
+use crate::decision::Decision;
+use crate::policy::Rate;
+
+/// Stored state: tokens in units (one token = `P` units) and the time of the last refill.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct State {
+    /// Tokens left, in units.
+    pub tokens: u64,
+    /// When `tokens` was computed, in ms since the epoch.
+    pub last_ms: u64,
+}
+
+/// Decides one request.
+pub fn decide(state: Option<&State>, capacity: u64, rate: Rate, now: Timestamp, cost: u64) -> Outcome<State> {
+    let Rate { amount: r, per_ms: p } = rate.reduced();
+    let full = capacity * p;
+    let now_ms = now / 1000;
+    let tokens = match state {
+        None => full,
+        Some(s) => {
+            let elapsed = now_ms.saturating_sub(s.last_ms);
+            let missing = full.saturating_sub(s.tokens);
+            if elapsed >= div_ceil(missing, r) { full } else { s.tokens + elapsed * r }
+        }
+    };
+    let need = cost * p;
+    if cost > capacity {
+        let decision = Decision::cost_exceeds_limit(capacity, tokens / p, div_ceil(full - tokens, r));
+        return Outcome { decision, update: Update::Keep };
+    }
+    if tokens < need {
+        let decision =
+            Decision::limited(capacity, tokens / p, div_ceil(need - tokens, r), div_ceil(full - tokens, r));
+        return Outcome { decision, update: Update::Keep };
+    }
+    let left = tokens - need;
+    let reset_after_ms = div_ceil(full - left, r);
+    let decision = Decision::allow(capacity, left / p, reset_after_ms);
+    let update = if cost == 0 {
+        Update::Keep
+    } else {
+        Update::Put { state: State { tokens: left, last_ms: now_ms }, expires_at: (now_ms + reset_after_ms) * 1000 }
+    };
+    Outcome { decision, update }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(state: &mut Option<State>, now: Timestamp, cost: u64) -> Decision {
+        let o = decide(state.as_ref(), 5, Rate::per_second(1), now, cost);
+        match o.update {
+            Update::Put { state: s, .. } => *state = Some(s),
+            Update::Delete => *state = None,
+            Update::Keep => {}
+        }
+        o.decision
+    }
+
+    #[test]
+    fn guide_sequence_capacity_5_rate_1_per_s() {
+        let mut s = None;
+        let t0 = 1_700_000_000_000_000;
+        for (i, want) in [4, 3, 2, 1, 0].into_iter().enumerate() {
+            let d = run(&mut s, t0, 1);
+            assert!(d.allowed, "call {i}");
+            assert_eq!(d.remaining, want);
+            assert_eq!(d.retry_after_ms, 0);
+        }
+        let d = run(&mut s, t0, 1);
+        assert!(!d.allowed);
+        assert_eq!((d.remaining, d.retry_after_ms, d.reset_after_ms), (0, 1000, 5000));
+        // 400 ms later: 0.4 tokens back, 600 ms to wait.
+        let d = run(&mut s, t0 + 400_000, 1);
+        assert_eq!((d.allowed, d.retry_after_ms), (false, 600));
+        let d = run(&mut s, t0 + 1_000_000, 1);
+        assert!(d.allowed);
+    }
+}

@@ -1,0 +1,349 @@
+//! Policies: what a limit is. A [`Policy`] names an [`Algorithm`] with its parameters and how
+//! failures of the store are handled. Parsing of the human forms (`5/s`, `300/min`, `10s`)
+//! lives here so the CLI, the config file and the HTTP layer all accept the same spelling.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// The largest integer every store can represent exactly (Lua numbers are doubles).
+pub const MAX_EXACT: u64 = 1 << 53;
+
+/// A rate: `amount` units per `per_ms` milliseconds (`5/s` is `{amount: 5, per_ms: 1000}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Rate {
+    /// Units admitted (or refilled) per period.
+    pub amount: u64,
+    /// The period in milliseconds.
+    pub per_ms: u64,
+}
+
+impl Rate {
+    /// `amount` per `per_ms` milliseconds.
+    pub const fn new(amount: u64, per_ms: u64) -> Self {
+        Self { amount, per_ms }
+    }
+    /// `amount` per second.
+    pub const fn per_second(amount: u64) -> Self {
+        Self::new(amount, 1000)
+    }
+    /// The same rate with amount and period divided by their greatest common divisor, so the
+    /// scaled integer arithmetic of the algorithms stays as small as possible.
+    pub fn reduced(self) -> Self {
+        let g = gcd(self.amount, self.per_ms).max(1);
+        Self::new(self.amount / g, self.per_ms / g)
+    }
+}
+
+fn gcd(mut a: u64, mut b: u64) -> u64 {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
+}
+
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.per_ms {
+            1000 => write!(f, "{}/s", self.amount),
+            60_000 => write!(f, "{}/min", self.amount),
+            3_600_000 => write!(f, "{}/h", self.amount),
+            86_400_000 => write!(f, "{}/d", self.amount),
+            ms => write!(f, "{}/{}", self.amount, format_duration_ms(ms)),
+        }
+    }
+}
+
+impl FromStr for Rate {
+    type Err = PolicyError;
+    /// Parses `5/s`, `300/min`, `1000/day`, `10/2s`, `7/500ms`.
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || PolicyError::Parse(format!("invalid rate {s:?}: expected AMOUNT/UNIT such as 5/s, 300/min, 10/2s"));
+        let (amount, unit) = s.trim().split_once('/').ok_or_else(bad)?;
+        let amount: u64 = amount.trim().parse().map_err(|_| bad())?;
+        let unit = unit.trim();
+        let per_ms = match unit {
+            "ms" => 1,
+            "s" | "sec" | "second" => 1000,
+            "m" | "min" | "minute" => 60_000,
+            "h" | "hour" => 3_600_000,
+            "d" | "day" => 86_400_000,
+            other => parse_duration_ms(other).map_err(|_| bad())?,
+        };
+        if amount == 0 || per_ms == 0 {
+            return Err(PolicyError::Invalid(format!("rate {s:?} must be positive")));
+        }
+        Ok(Rate::new(amount, per_ms))
+    }
+}
+
+/// Parses a duration such as `500ms`, `10s`, `1m`, `2h`, `1d` (or a bare number of seconds)
+/// into milliseconds.
+pub fn parse_duration_ms(s: &str) -> Result<u64, PolicyError> {
+    let s = s.trim();
+    let bad = || PolicyError::Parse(format!("invalid duration {s:?}: expected e.g. 500ms, 10s, 1m, 2h, 1d"));
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().map_err(|_| bad())?;
+    let mult = match unit.trim() {
+        "ms" => 1,
+        "" | "s" | "sec" => 1000,
+        "m" | "min" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(mult).ok_or_else(bad)
+}
+
+/// Formats milliseconds the way [`parse_duration_ms`] reads them.
+pub fn format_duration_ms(ms: u64) -> String {
+    if ms % 86_400_000 == 0 {
+        format!("{}d", ms / 86_400_000)
+    } else if ms % 3_600_000 == 0 {
+        format!("{}h", ms / 3_600_000)
+    } else if ms % 60_000 == 0 {
+        format!("{}m", ms / 60_000)
+    } else if ms % 1000 == 0 {
+        format!("{}s", ms / 1000)
+    } else {
+        format!("{ms}ms")
+    }
+}
+
+/// How a leaky bucket treats requests that fit in the bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LeakyMode {
+    /// Admit at once while the bucket has room (nginx `limit_req ... nodelay`).
+    Policing,
+    /// Admit with a delay so requests leave at the bucket's rate (nginx `limit_req` without
+    /// `nodelay`); the decision carries the delay. The capacity bounds the queueing delay.
+    Shaping,
+}
+
+/// A rate-limiting algorithm with its parameters. The semantics of each are in
+/// `docs/algorithms.md` and in the module of the same name under [`crate::algorithm`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "algorithm", rename_all = "kebab-case")]
+pub enum Algorithm {
+    /// Bucket of `capacity` tokens refilled at `rate`; a new key starts full.
+    TokenBucket { capacity: u64, rate: Rate },
+    /// Generic cell rate algorithm with the parameters of redis-cell's `CL.THROTTLE`:
+    /// `burst` extra requests beyond the steady `rate` (so `burst + 1` at once).
+    Gcra { rate: Rate, burst: u64 },
+    /// Bucket of `capacity` draining at `rate`; see [`LeakyMode`].
+    LeakyBucket { capacity: u64, rate: Rate, mode: LeakyMode },
+    /// `limit` per window of `window_ms`, windows aligned to the Unix epoch.
+    FixedWindow { limit: u64, window_ms: u64 },
+    /// Current window plus the previous one weighted by its overlap with the sliding window.
+    SlidingWindowCounter { limit: u64, window_ms: u64 },
+    /// Exact: a log of admitted requests; never more than `limit` in any `window_ms`.
+    SlidingWindowLog { limit: u64, window_ms: u64 },
+    /// At most `limit` leases held at once; a lease expires after `lease_ms`.
+    Concurrency { limit: u64, lease_ms: u64 },
+}
+
+impl Algorithm {
+    /// The short, stable name used in keys, metrics and the CLI (`token-bucket`, `gcra`, ...).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket { .. } => "token-bucket",
+            Algorithm::Gcra { .. } => "gcra",
+            Algorithm::LeakyBucket { .. } => "leaky-bucket",
+            Algorithm::FixedWindow { .. } => "fixed-window",
+            Algorithm::SlidingWindowCounter { .. } => "sliding-counter",
+            Algorithm::SlidingWindowLog { .. } => "sliding-log",
+            Algorithm::Concurrency { .. } => "concurrency",
+        }
+    }
+
+    /// The quota shown to clients (`q` of `RateLimit-Policy`).
+    pub fn quota(&self) -> u64 {
+        match *self {
+            Algorithm::TokenBucket { capacity, .. } | Algorithm::LeakyBucket { capacity, .. } => capacity,
+            Algorithm::Gcra { burst, .. } => burst + 1,
+            Algorithm::FixedWindow { limit, .. }
+            | Algorithm::SlidingWindowCounter { limit, .. }
+            | Algorithm::SlidingWindowLog { limit, .. }
+            | Algorithm::Concurrency { limit, .. } => limit,
+        }
+    }
+
+    /// The window shown to clients (`w` of `RateLimit-Policy`), in milliseconds: for buckets,
+    /// the time to refill the whole quota (a bucket of 10 at 5/s is "10 per 2 s").
+    pub fn window_ms(&self) -> u64 {
+        match *self {
+            Algorithm::TokenBucket { capacity, rate } | Algorithm::LeakyBucket { capacity, rate, .. } => {
+                (capacity as u128 * rate.per_ms as u128).div_ceil(rate.amount as u128) as u64
+            }
+            Algorithm::Gcra { rate, burst } => {
+                ((burst + 1) as u128 * rate.per_ms as u128).div_ceil(rate.amount as u128) as u64
+            }
+            Algorithm::FixedWindow { window_ms, .. }
+            | Algorithm::SlidingWindowCounter { window_ms, .. }
+            | Algorithm::SlidingWindowLog { window_ms, .. } => window_ms,
+            Algorithm::Concurrency { lease_ms, .. } => lease_ms,
+        }
+    }
+
+    /// Checks the parameters are positive and small enough for exact integer arithmetic on
+    /// every store.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        let positive = |what: &str, v: u64| {
+            if v == 0 {
+                Err(PolicyError::Invalid(format!("{what} must be at least 1")))
+            } else {
+                Ok(())
+            }
+        };
+        let exact = |what: &str, v: u128| {
+            if v > MAX_EXACT as u128 {
+                Err(PolicyError::Invalid(format!("{what} is too large for exact arithmetic (max 2^53)")))
+            } else {
+                Ok(())
+            }
+        };
+        match *self {
+            Algorithm::TokenBucket { capacity, rate } | Algorithm::LeakyBucket { capacity, rate, .. } => {
+                positive("capacity", capacity)?;
+                positive("rate", rate.amount)?;
+                positive("rate period", rate.per_ms)?;
+                let r = rate.reduced();
+                exact("capacity x rate period", capacity as u128 * r.per_ms as u128)?;
+                exact("rate", r.amount as u128)
+            }
+            Algorithm::Gcra { rate, burst } => {
+                positive("rate", rate.amount)?;
+                positive("rate period", rate.per_ms)?;
+                if rate.per_ms as u128 * 1000 / (rate.amount as u128) == 0 {
+                    return Err(PolicyError::Invalid("gcra rate must be at most 1 per microsecond".into()));
+                }
+                exact("(burst + 1) x emission interval", (burst as u128 + 1) * rate.per_ms as u128 * 1000)
+            }
+            Algorithm::FixedWindow { limit, window_ms }
+            | Algorithm::SlidingWindowCounter { limit, window_ms }
+            | Algorithm::SlidingWindowLog { limit, window_ms } => {
+                positive("limit", limit)?;
+                positive("window", window_ms)?;
+                exact("limit x window", limit as u128 * window_ms as u128)
+            }
+            Algorithm::Concurrency { limit, lease_ms } => {
+                positive("limit", limit)?;
+                positive("lease timeout", lease_ms)
+            }
+        }
+    }
+}
+
+/// What happens when the store cannot answer within its timeout.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureMode {
+    /// Admit the request (counted in a metric, logged at most once per interval).
+    #[default]
+    Open,
+    /// Deny the request with reason [`crate::DenyReason::StoreUnavailable`].
+    Closed,
+}
+
+/// A named limit.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Policy {
+    /// The name, used in key names, headers and metrics. ASCII letters, digits, `-`, `_`, `.`.
+    pub name: String,
+    /// The algorithm and its parameters.
+    #[serde(flatten)]
+    pub algorithm: Algorithm,
+    /// What to do when the store fails.
+    #[serde(default)]
+    pub failure_mode: FailureMode,
+    /// Compute and count decisions, but never deny.
+    #[serde(default)]
+    pub shadow: bool,
+    /// Split each identity's state over this many sub-keys (hot keys on Redis Cluster), each
+    /// with 1/N of the quota and rate. 1 = no sharding.
+    #[serde(default = "one")]
+    pub shards: u32,
+}
+
+fn one() -> u32 {
+    1
+}
+
+impl Policy {
+    /// A policy with the defaults: fail open, not shadow, one shard.
+    pub fn new(name: impl Into<String>, algorithm: Algorithm) -> Result<Self, PolicyError> {
+        let p = Self { name: name.into(), algorithm, failure_mode: FailureMode::Open, shadow: false, shards: 1 };
+        p.validate()?;
+        Ok(p)
+    }
+
+    /// Checks the name and the parameters.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        validate_policy_name(&self.name)?;
+        if self.shards == 0 {
+            return Err(PolicyError::Invalid("shards must be at least 1".into()));
+        }
+        self.algorithm.validate()
+    }
+}
+
+/// Policy names go into key names and header values, so they are restricted to a safe
+/// alphabet: ASCII letters, digits, `-`, `_`, `.`; 1 to 64 characters.
+pub fn validate_policy_name(name: &str) -> Result<(), PolicyError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok {
+        Ok(())
+    } else {
+        Err(PolicyError::Invalid(format!(
+            "policy name {name:?} must be 1-64 characters of A-Z a-z 0-9 - _ ."
+        )))
+    }
+}
+
+/// An invalid policy.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyError {
+    /// Text that could not be parsed.
+    #[error("{0}")]
+    Parse(String),
+    /// Parameters out of range.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_rates_and_durations() {
+        assert_eq!("5/s".parse::<Rate>().unwrap(), Rate::new(5, 1000));
+        assert_eq!("300/min".parse::<Rate>().unwrap(), Rate::new(300, 60_000));
+        assert_eq!("10/2s".parse::<Rate>().unwrap(), Rate::new(10, 2000));
+        assert_eq!("7/500ms".parse::<Rate>().unwrap(), Rate::new(7, 500));
+        assert!("0/s".parse::<Rate>().is_err());
+        assert!("5 per s".parse::<Rate>().is_err());
+        assert_eq!(parse_duration_ms("10s").unwrap(), 10_000);
+        assert_eq!(parse_duration_ms("1m").unwrap(), 60_000);
+        assert_eq!(parse_duration_ms("500ms").unwrap(), 500);
+        assert!(parse_duration_ms("ten").is_err());
+    }
+
+    #[test]
+    fn bucket_window_matches_the_guide() {
+        let a = Algorithm::TokenBucket { capacity: 10, rate: Rate::per_second(5) };
+        assert_eq!((a.quota(), a.window_ms()), (10, 2000));
+    }
+
+    #[test]
+    fn rejects_unsafe_names() {
+        assert!(validate_policy_name("per-user.minute_1").is_ok());
+        for bad in ["", "a b", "a{b}", "a:b", "é"] {
+            assert!(validate_policy_name(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,65 @@
+//! The [`Store`] trait: where limiter state lives. A store evaluates the algorithms of
+//! [`crate::algorithm`] atomically against its state; the embedded store runs the Rust
+//! functions under a lock, the Redis store runs Lua scripts with the same semantics.
+
+use crate::decision::{LeaseId, MultiDecision};
+use crate::policy::Algorithm;
+
+/// One limit of a check: the full key name, the algorithm, and the cost of this request.
+#[derive(Debug, Clone, Copy)]
+pub struct CheckItem<'a> {
+    /// The key, built by [`crate::KeyScheme`].
+    pub key: &'a str,
+    /// The algorithm and its parameters.
+    pub algorithm: &'a Algorithm,
+    /// Units to consume; 0 peeks without consuming.
+    pub cost: u64,
+}
+
+/// Why a store could not answer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// The store did not answer within the configured timeout.
+    #[error("store timed out after {0} ms")]
+    Timeout(u64),
+    /// The store could not be reached (connection refused, reset, circuit open...).
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The store answered something unexpected (a script error, a protocol error...).
+    #[error("store error: {0}")]
+    Backend(String),
+    /// The request itself was invalid (e.g. keys of one check in different Cluster slots).
+    #[error("invalid request: {0}")]
+    Invalid(String),
+}
+
+/// A place where limiter state lives.
+///
+/// `check` is all-or-nothing: when every item admits, every item is consumed; when any item
+/// denies, nothing is consumed and the decisions show the unconsumed state. It is atomic with
+/// respect to every other call on the same keys, from any process sharing the store.
+#[async_trait::async_trait]
+pub trait Store: Send + Sync + std::fmt::Debug + 'static {
+    /// Checks (and, if every item admits, consumes) several limits at once.
+    async fn check(&self, items: &[CheckItem<'_>]) -> Result<MultiDecision, StoreError>;
+
+    /// Releases a concurrency lease taken by an earlier check of `key`. Returns whether the
+    /// lease was still held (false once it expired or was released).
+    async fn release(&self, key: &str, algorithm: &Algorithm, lease: &LeaseId) -> Result<bool, StoreError>;
+
+    /// A short name for logs and metrics (`memory`, `redis`, `redis-cluster`).
+    fn kind(&self) -> &'static str;
+}
+
+#[async_trait::async_trait]
+impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
+    async fn check(&self, items: &[CheckItem<'_>]) -> Result<MultiDecision, StoreError> {
+        (**self).check(items).await
+    }
+    async fn release(&self, key: &str, algorithm: &Algorithm, lease: &LeaseId) -> Result<bool, StoreError> {
+        (**self).release(key, algorithm, lease).await
+    }
+    fn kind(&self) -> &'static str {
+        (**self).kind()
+    }
+}
