@@ -187,6 +187,34 @@ impl Algorithm {
         }
     }
 
+    /// The parameters of one shard when a hot identity's state is split over `n` sub-keys:
+    /// quota and rate amount are divided by `n`, rounded up (so the sum over shards is never
+    /// below the configured limit, and exceeds it by less than `n`), at least 1.
+    pub fn per_shard(&self, n: u32) -> Algorithm {
+        let n = u64::from(n.max(1));
+        let div = |v: u64| v.div_ceil(n).max(1);
+        match *self {
+            Algorithm::TokenBucket { capacity, rate } => {
+                Algorithm::TokenBucket { capacity: div(capacity), rate: Rate::new(div(rate.amount), rate.per_ms) }
+            }
+            Algorithm::Gcra { rate, burst } => Algorithm::Gcra {
+                rate: Rate::new(div(rate.amount), rate.per_ms),
+                burst: div(burst + 1) - 1,
+            },
+            Algorithm::LeakyBucket { capacity, rate, mode } => Algorithm::LeakyBucket {
+                capacity: div(capacity),
+                rate: Rate::new(div(rate.amount), rate.per_ms),
+                mode,
+            },
+            Algorithm::FixedWindow { limit, window_ms } => Algorithm::FixedWindow { limit: div(limit), window_ms },
+            Algorithm::SlidingWindowCounter { limit, window_ms } => {
+                Algorithm::SlidingWindowCounter { limit: div(limit), window_ms }
+            }
+            Algorithm::SlidingWindowLog { limit, window_ms } => Algorithm::SlidingWindowLog { limit: div(limit), window_ms },
+            Algorithm::Concurrency { limit, lease_ms } => Algorithm::Concurrency { limit: div(limit), lease_ms },
+        }
+    }
+
     /// Checks the parameters are positive and small enough for exact integer arithmetic on
     /// every store.
     pub fn validate(&self) -> Result<(), PolicyError> {

@@ -49,6 +49,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// A short name for logs and metrics (`memory`, `redis`, `redis-cluster`).
     fn kind(&self) -> &'static str;
+
+    /// True when every key of one `check` must hash to one Redis Cluster slot. Callers then
+    /// check limits of different hash tags in separate calls (see `docs/redis.md`).
+    fn requires_single_slot(&self) -> bool {
+        false
+    }
 }
 
 #[async_trait::async_trait]
@@ -61,5 +67,8 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn kind(&self) -> &'static str {
         (**self).kind()
+    }
+    fn requires_single_slot(&self) -> bool {
+        (**self).requires_single_slot()
     }
 }
