@@ -1,0 +1,358 @@
+//! [`Limiter`]: policies + identities in, verdicts out, whatever the store.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use sluice_core::key::key_slot;
+use sluice_core::store::CheckItem;
+use sluice_core::{
+    Decision, DenyReason, FailureMode, Identity, KeyScheme, LeaseId, MultiDecision, Policy, Store, StoreError,
+};
+
+use crate::breaker::{Admission, BreakerConfig, CircuitBreaker};
+
+/// How the verdict of a check was reached.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// The store answered.
+    Decided,
+    /// The store failed and every policy involved fails open: the request is admitted.
+    FailedOpen(StoreError),
+    /// The store failed and a policy involved fails closed: the request is denied.
+    FailedClosed(StoreError),
+}
+
+/// One policy's part of a check.
+#[derive(Debug, Clone)]
+pub struct LimitResult {
+    /// The policy.
+    pub policy: Arc<Policy>,
+    /// The store's decision; `None` when the store failed.
+    pub decision: Option<Decision>,
+    /// The key that was checked.
+    pub key: String,
+}
+
+impl LimitResult {
+    /// True when this policy, on its own, denied (a shadow policy's denial included).
+    pub fn denied(&self) -> bool {
+        self.decision
+            .as_ref()
+            .is_some_and(|d| !d.allowed && d.reason != Some(DenyReason::OtherLimitDenied))
+    }
+}
+
+/// A held concurrency lease, to hand back to [`Limiter::release`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The key holding the lease.
+    pub key: String,
+    /// The policy's algorithm (as evaluated, i.e. per shard).
+    pub algorithm: sluice_core::Algorithm,
+    /// The lease id.
+    pub id: LeaseId,
+}
+
+/// The verdict of a check over one or more policies.
+#[derive(Debug, Clone)]
+pub struct Checked {
+    /// Whether to let the request through (shadow denials and fail-open admit).
+    pub allowed: bool,
+    /// How the verdict was reached.
+    pub verdict: Verdict,
+    /// One result per policy, in the order given.
+    pub limits: Vec<LimitResult>,
+    /// Concurrency leases taken (release them when the request ends).
+    pub leases: Vec<Lease>,
+}
+
+impl Checked {
+    /// The results of enforced (non-shadow) policies that denied.
+    pub fn denials(&self) -> impl Iterator<Item = &LimitResult> {
+        self.limits.iter().filter(|l| !l.policy.shadow && l.denied())
+    }
+
+    /// The longest wait among enforced denials, in ms.
+    pub fn retry_after_ms(&self) -> u64 {
+        self.denials().filter_map(|l| l.decision.as_ref()).map(|d| d.retry_after_ms).max().unwrap_or(0)
+    }
+
+    /// The largest shaping delay among the decisions, in ms.
+    pub fn delay_ms(&self) -> u64 {
+        self.limits.iter().filter_map(|l| l.decision.as_ref()).map(|d| d.delay_ms).max().unwrap_or(0)
+    }
+}
+
+/// Settings of a [`Limiter`].
+#[derive(Debug)]
+pub struct LimiterBuilder {
+    store: Arc<dyn Store>,
+    keys: KeyScheme,
+    timeout: Duration,
+    breaker: BreakerConfig,
+    global_shadow: bool,
+    log_interval: Duration,
+}
+
+impl LimiterBuilder {
+    /// The key scheme (default prefix `rl`).
+    pub fn key_scheme(mut self, keys: KeyScheme) -> Self {
+        self.keys = keys;
+        self
+    }
+    /// The per-call timeout (default 50 ms).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+    /// Circuit breaker settings.
+    pub fn breaker(mut self, breaker: BreakerConfig) -> Self {
+        self.breaker = breaker;
+        self
+    }
+    /// Treat every policy as shadow: compute and count, never deny.
+    pub fn global_shadow(mut self, on: bool) -> Self {
+        self.global_shadow = on;
+        self
+    }
+    /// The shortest interval between two log lines about store failures (default 10 s).
+    pub fn failure_log_interval(mut self, every: Duration) -> Self {
+        self.log_interval = every;
+        self
+    }
+    /// Builds the limiter.
+    pub fn build(self) -> Limiter {
+        Limiter {
+            inner: Arc::new(Inner {
+                store: self.store,
+                keys: self.keys,
+                timeout: self.timeout,
+                breaker: CircuitBreaker::new(self.breaker),
+                global_shadow: self.global_shadow,
+                log_interval_ms: self.log_interval.as_millis() as u64,
+                last_log_ms: AtomicU64::new(0),
+                started: Instant::now(),
+            }),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Inner {
+    store: Arc<dyn Store>,
+    keys: KeyScheme,
+    timeout: Duration,
+    breaker: CircuitBreaker,
+    global_shadow: bool,
+    log_interval_ms: u64,
+    last_log_ms: AtomicU64,
+    started: Instant,
+}
+
+/// The rate limiter. Cheap to clone; clones share the store and the circuit breaker.
+#[derive(Debug, Clone)]
+pub struct Limiter {
+    inner: Arc<Inner>,
+}
+
+impl Limiter {
+    /// A limiter on `store` with default settings; see [`LimiterBuilder`].
+    pub fn builder(store: Arc<dyn Store>) -> LimiterBuilder {
+        LimiterBuilder {
+            store,
+            keys: KeyScheme::default(),
+            timeout: Duration::from_millis(50),
+            breaker: BreakerConfig::default(),
+            global_shadow: false,
+            log_interval: Duration::from_secs(10),
+        }
+    }
+
+    /// A limiter on a fresh embedded store.
+    pub fn memory() -> Self {
+        Self::builder(Arc::new(sluice_memory::MemoryStore::builder().build())).build()
+    }
+
+    /// A limiter on the store named by `url` (see [`crate::StoreUrl`]).
+    pub async fn connect(url: &str, options: crate::StoreOptions) -> Result<Self, StoreError> {
+        let parsed: crate::StoreUrl = url.parse()?;
+        let store = parsed.connect(&options).await?;
+        Ok(Self::builder(store).timeout(options.timeout).build())
+    }
+
+    /// The store behind this limiter.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.store
+    }
+
+    /// The key scheme.
+    pub fn key_scheme(&self) -> &KeyScheme {
+        &self.inner.keys
+    }
+
+    /// Checks one policy for one identity.
+    pub async fn check(&self, identity: &Identity, policy: &Arc<Policy>, cost: u64) -> Checked {
+        self.check_many(&[(identity, policy, cost)]).await
+    }
+
+    /// Checks several policies at once. Enforced policies whose keys share a hash tag are
+    /// all-or-nothing (one store call); shadow policies are checked in a separate call so they
+    /// never block consumption of enforced ones.
+    pub async fn check_many(&self, items: &[(&Identity, &Arc<Policy>, u64)]) -> Checked {
+        let inner = &*self.inner;
+        let mut limits = Vec::with_capacity(items.len());
+        let mut algorithms = Vec::with_capacity(items.len());
+        for &(identity, policy, cost) in items {
+            let (key, algorithm) = if policy.shards > 1 {
+                let shard = rand::random_range(0..policy.shards);
+                (inner.keys.shard_key(identity, &policy.name, Some(shard)), policy.algorithm.per_shard(policy.shards))
+            } else {
+                (inner.keys.key(identity, &policy.name), policy.algorithm.clone())
+            };
+            limits.push(LimitResult { policy: Arc::clone(policy), decision: None, key });
+            algorithms.push((algorithm, cost));
+        }
+
+        // Group: enforced vs shadow, and (for Cluster) by slot. Each group is one store call.
+        let shadow = |i: usize| inner.global_shadow || limits[i].policy.shadow;
+        let mut groups: Vec<(bool, Option<u16>, Vec<usize>)> = Vec::new();
+        for i in 0..limits.len() {
+            let slot = inner.store.requires_single_slot().then(|| key_slot(limits[i].key.as_bytes()));
+            let sh = shadow(i);
+            match groups.iter_mut().find(|g| g.0 == sh && g.1 == slot) {
+                Some(g) => g.2.push(i),
+                None => groups.push((sh, slot, vec![i])),
+            }
+        }
+        // Enforced groups first, so a denial stops before later groups consume.
+        groups.sort_by_key(|g| g.0);
+
+        let mut verdict = Verdict::Decided;
+        let mut enforced_denied = false;
+        for (is_shadow, _, idx) in &groups {
+            if !is_shadow && enforced_denied {
+                break;
+            }
+            let check_items: Vec<CheckItem<'_>> = idx
+                .iter()
+                .map(|&i| CheckItem { key: &limits[i].key, algorithm: &algorithms[i].0, cost: algorithms[i].1 })
+                .collect();
+            match self.call_store(&check_items).await {
+                Ok(MultiDecision { allowed, decisions }) => {
+                    for (&i, d) in idx.iter().zip(decisions) {
+                        limits[i].decision = Some(d);
+                    }
+                    if !is_shadow && !allowed {
+                        enforced_denied = true;
+                    }
+                }
+                Err(e) => {
+                    if *is_shadow {
+                        continue;
+                    }
+                    let closed = idx.iter().any(|&i| limits[i].policy.failure_mode == FailureMode::Closed);
+                    self.note_failure(&e, closed);
+                    verdict = if closed { Verdict::FailedClosed(e) } else { Verdict::FailedOpen(e) };
+                    if closed {
+                        enforced_denied = true;
+                        break;
+                    }
+                }
+            }
+        }
+
+        let mut leases = Vec::new();
+        for (l, (alg, _)) in limits.iter().zip(&algorithms) {
+            if let Some(id) = l.decision.as_ref().and_then(|d| d.lease.clone()) {
+                leases.push(Lease { key: l.key.clone(), algorithm: alg.clone(), id });
+            }
+        }
+        // All-or-nothing across groups is best effort: if a later enforced group denied, release
+        // leases taken by earlier groups (other algorithms' consumption cannot be undone; see docs).
+        if enforced_denied && !leases.is_empty() {
+            for lease in leases.drain(..) {
+                let _ = self.release(&lease).await;
+            }
+        }
+
+        for l in &limits {
+            let outcome = match (&l.decision, &verdict) {
+                (Some(d), _) if d.allowed => "allowed",
+                (Some(_), _) if l.policy.shadow || inner.global_shadow => "shadow_denied",
+                (Some(_), _) => "denied",
+                (None, Verdict::FailedClosed(_)) => "failed_closed",
+                (None, _) => "failed_open",
+            };
+            metrics::counter!("sluice_decisions_total", "policy" => l.policy.name.clone(), "outcome" => outcome)
+                .increment(1);
+            if let Some(d) = &l.decision {
+                if d.allowed && d.limit > 0 && d.remaining * 10 < d.limit {
+                    metrics::counter!("sluice_near_limit_total", "policy" => l.policy.name.clone()).increment(1);
+                }
+            }
+        }
+
+        let allowed = !enforced_denied;
+        Checked { allowed, verdict, limits, leases }
+    }
+
+    /// Releases a concurrency lease. Errors are returned, not retried: an unreleased lease
+    /// expires after the policy's lease timeout.
+    pub async fn release(&self, lease: &Lease) -> Result<bool, StoreError> {
+        let fut = self.inner.store.release(&lease.key, &lease.algorithm, &lease.id);
+        match tokio::time::timeout(self.inner.timeout, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout(self.inner.timeout.as_millis() as u64)),
+        }
+    }
+
+    async fn call_store(&self, items: &[CheckItem<'_>]) -> Result<MultiDecision, StoreError> {
+        let inner = &*self.inner;
+        let admission = inner.breaker.admit(Instant::now());
+        if admission == Admission::Reject {
+            metrics::counter!("sluice_store_errors_total", "kind" => "circuit_open").increment(1);
+            return Err(StoreError::Unavailable("circuit breaker open".into()));
+        }
+        let start = Instant::now();
+        let result = match tokio::time::timeout(inner.timeout, inner.store.check(items)).await {
+            Ok(r) => r,
+            Err(_) => Err(StoreError::Timeout(inner.timeout.as_millis() as u64)),
+        };
+        metrics::histogram!("sluice_store_duration_seconds", "store" => inner.store.kind())
+            .record(start.elapsed().as_secs_f64());
+        match &result {
+            Ok(_) => inner.breaker.success(),
+            // An invalid request says nothing about the store's health.
+            Err(StoreError::Invalid(_)) => {}
+            Err(e) => {
+                let kind = match e {
+                    StoreError::Timeout(_) => "timeout",
+                    StoreError::Unavailable(_) => "unavailable",
+                    _ => "backend",
+                };
+                metrics::counter!("sluice_store_errors_total", "kind" => kind).increment(1);
+                inner.breaker.failure(Instant::now());
+            }
+        }
+        result
+    }
+
+    fn note_failure(&self, e: &StoreError, closed: bool) {
+        let inner = &*self.inner;
+        let mode = if closed { "closed" } else { "open" };
+        metrics::counter!("sluice_store_failures_total", "mode" => mode).increment(1);
+        let now = inner.started.elapsed().as_millis() as u64 + 1;
+        let last = inner.last_log_ms.load(Ordering::Relaxed);
+        if (last == 0 || now.saturating_sub(last) >= inner.log_interval_ms)
+            && inner.last_log_ms.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+        {
+            tracing::warn!(error = %e, store = inner.store.kind(), "rate limit store failed; failing {mode}");
+        }
+    }
+
+    /// True while the circuit breaker is rejecting calls.
+    pub fn store_circuit_open(&self) -> bool {
+        self.inner.breaker.is_open()
+    }
+}
