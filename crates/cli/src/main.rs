@@ -1,1 +1,132 @@
-fn main() {}
+//! The `sluice` binary: argument parsing only; the work happens in the library crates.
+#![forbid(unsafe_code)]
+
+use std::io::Write;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use sluice_cli::{check, keyslot, loadtest, race};
+
+/// sluice: a distributed API rate limiter.
+#[derive(Debug, Parser)]
+#[command(name = "sluice", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the rate limit service (HTTP decision API, Envoy RLS, reverse proxy, metrics).
+    Serve(sluice_server::cli::ServeArgs),
+    /// Check a config file; prints FILE:LINE: field: message for each error.
+    Validate(sluice_server::cli::ValidateArgs),
+    /// Make N decisions on one key against any store.
+    Check(check::CheckArgs),
+    /// Prove atomicity: concurrent requests through a naive GET+SET and through sluice.
+    Race(race::RaceArgs),
+    /// Constant-arrival-rate HTTP load with the admitted count the policy predicts.
+    Loadtest(loadtest::LoadtestArgs),
+    /// The Redis Cluster slot of keys, or of the key sluice builds for an identity.
+    Keyslot(keyslot::KeyslotArgs),
+    /// Print the Lua scripts (and the Function library) with their KEYS/ARGV contracts.
+    Scripts {
+        /// Print the Redis Function library instead of the scripts.
+        #[arg(long)]
+        functions: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match cli.command {
+        Command::Validate(args) => sluice_server::cli::validate(args),
+        Command::Keyslot(args) => match keyslot::run(&args) {
+            Ok(lines) => {
+                for l in lines {
+                    println!("{l}");
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e),
+        },
+        Command::Scripts { functions } => {
+            if functions {
+                println!("{}", sluice_redis::function_library());
+            } else {
+                for (name, source) in sluice_redis::scripts() {
+                    println!("-- ===== {name} =====\n{source}\n");
+                }
+            }
+            ExitCode::SUCCESS
+        }
+        other => {
+            let rt = match tokio::runtime::Runtime::new() {
+                Ok(rt) => rt,
+                Err(e) => return fail(&format!("cannot start the runtime: {e}")),
+            };
+            rt.block_on(run_async(other))
+        }
+    }
+}
+
+async fn run_async(command: Command) -> ExitCode {
+    let mut out = std::io::stdout().lock();
+    match command {
+        Command::Serve(args) => match sluice_server::cli::serve(args).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&e.to_string()),
+        },
+        Command::Check(args) => match check::run(&args, &mut out).await {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&e),
+        },
+        Command::Race(args) => match race::run(&args).await {
+            Ok(r) => {
+                if args.json {
+                    let _ = writeln!(out, "{}", serde_json::to_string(&r).unwrap_or_default());
+                } else {
+                    let _ = writeln!(
+                        out,
+                        "naive admitted {} of {}; sluice admitted {} of {}{}",
+                        r.naive_admitted,
+                        r.requests,
+                        r.sluice_admitted,
+                        r.requests,
+                        if r.sluice_errors > 0 { format!(" ({} store errors)", r.sluice_errors) } else { String::new() }
+                    );
+                }
+                if r.exact() {
+                    ExitCode::SUCCESS
+                } else {
+                    let _ = writeln!(std::io::stderr(), "sluice admitted {} but the limit is {}", r.sluice_admitted, r.limit);
+                    ExitCode::FAILURE
+                }
+            }
+            Err(e) => fail(&e),
+        },
+        Command::Loadtest(args) => match loadtest::run(&args).await {
+            Ok(r) => {
+                if args.json {
+                    let _ = writeln!(out, "{}", serde_json::to_string(&r).unwrap_or_default());
+                } else {
+                    loadtest::render(&r, &mut out);
+                }
+                ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e),
+        },
+        Command::Validate(_) | Command::Keyslot(_) | Command::Scripts { .. } => ExitCode::SUCCESS,
+    }
+}
+
+fn fail(msg: &str) -> ExitCode {
+    let _ = writeln!(std::io::stderr(), "error: {msg}");
+    ExitCode::from(2)
+}

@@ -1,0 +1,19 @@
+//! The `sluice` command line, as a library so the binary stays a thin argument parser and the
+//! tools can be tested in-process.
+//!
+//! # Layout
+//! - [`policy_args`]: the per-algorithm flags (`--capacity --rate`, `--limit --window`, ...) shared
+//!   by `check`, `race` and `loadtest --expect`.
+//! - [`check`]: N decisions on one key against any store.
+//! - [`race`]: the guide's race test — a naive GET-then-SET next to sluice.
+//! - [`loadtest`]: a constant-arrival-rate HTTP driver with the arithmetic's prediction beside
+//!   the measured admitted count, and an SVG plot.
+//! - [`keyslot`]: Redis Cluster slots of keys.
+#![forbid(unsafe_code)]
+
+pub mod check;
+pub mod keyslot;
+pub mod loadtest;
+pub mod plot;
+pub mod policy_args;
+pub mod race;

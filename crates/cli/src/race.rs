@@ -1,0 +1,183 @@
+//! `sluice race`: the guide's proof of atomicity as a tool. N concurrent requests at a limit of
+//! L, first through a naive read-modify-write (GET, decide in the app, SET), then through
+//! sluice. The naive path shows the race (it admits more than L); sluice must admit exactly L.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use clap::Args;
+use serde::Serialize;
+use sluice::{Algorithm, FailureMode, Identity, Limiter, Policy, Rate, StoreOptions, StoreUrl};
+
+/// Arguments of `sluice race`.
+#[derive(Debug, Clone, Args)]
+pub struct RaceArgs {
+    /// Store URL: memory, redis://host:port, redis+cluster://...
+    #[arg(long, default_value = "memory", env = "SLUICE_STORE")]
+    pub store: String,
+    /// Concurrent requests.
+    #[arg(long, default_value_t = 200)]
+    pub requests: u64,
+    /// The limit.
+    #[arg(long, default_value_t = 10)]
+    pub limit: u64,
+    /// Machine-readable output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The result of a race.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct RaceReport {
+    pub requests: u64,
+    pub limit: u64,
+    pub naive_admitted: u64,
+    pub sluice_admitted: u64,
+    /// Requests sluice could not decide (store errors); they are not counted as admitted.
+    pub sluice_errors: u64,
+}
+
+impl RaceReport {
+    /// True when sluice admitted exactly the limit (or every request, when there were fewer).
+    pub fn exact(&self) -> bool {
+        self.sluice_errors == 0 && self.sluice_admitted == self.limit.min(self.requests)
+    }
+}
+
+/// Runs the race.
+pub async fn run(args: &RaceArgs) -> Result<RaceReport, String> {
+    if args.requests > 100_000 {
+        return Err("--requests is capped at 100000".into());
+    }
+    let url: StoreUrl = args.store.parse().map_err(|e: sluice::StoreError| e.to_string())?;
+    let tag = format!("race:{:016x}", rand_id());
+    let naive_admitted = match &url {
+        StoreUrl::Memory => naive_memory(args.requests, args.limit).await,
+        StoreUrl::Redis(u) => naive_redis(u, &format!("{tag}:naive"), args.requests, args.limit).await?,
+    };
+
+    let options = StoreOptions { timeout: Duration::from_secs(5), ..Default::default() };
+    let limiter = Limiter::connect(&args.store, options).await.map_err(|e| format!("cannot use store: {e}"))?;
+    // A bucket of `limit` that refills one token a day: no refill during the race.
+    let algorithm = Algorithm::TokenBucket { capacity: args.limit, rate: Rate::new(1, 86_400_000) };
+    let mut policy = Policy::new("race", algorithm).map_err(|e| e.to_string())?;
+    policy.failure_mode = FailureMode::Closed;
+    let policy = Arc::new(policy);
+    let identity = Identity::new(tag);
+    let admitted = Arc::new(AtomicU64::new(0));
+    let errors = Arc::new(AtomicU64::new(0));
+    let start = Arc::new(tokio::sync::Barrier::new(args.requests as usize));
+    let mut tasks = Vec::with_capacity(args.requests as usize);
+    for _ in 0..args.requests {
+        let (limiter, policy, identity) = (limiter.clone(), policy.clone(), identity.clone());
+        let (admitted, errors, start) = (admitted.clone(), errors.clone(), start.clone());
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            let c = limiter.check(&identity, &policy, 1).await;
+            match c.verdict {
+                sluice::Verdict::Decided if c.allowed => {
+                    admitted.fetch_add(1, Ordering::Relaxed);
+                }
+                sluice::Verdict::Decided => {}
+                _ => {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())?;
+    }
+    Ok(RaceReport {
+        requests: args.requests,
+        limit: args.limit,
+        naive_admitted,
+        sluice_admitted: admitted.load(Ordering::Relaxed),
+        sluice_errors: errors.load(Ordering::Relaxed),
+    })
+}
+
+fn rand_id() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(std::process::id() as u64);
+    h.finish()
+}
+
+/// The naive limiter on Redis: GET the counter, decide in the application, SET it back.
+async fn naive_redis(url: &str, key: &str, requests: u64, limit: u64) -> Result<u64, String> {
+    let cluster = url.starts_with("redis+cluster://") || url.starts_with("redis-cluster://");
+    let admitted = Arc::new(AtomicU64::new(0));
+    let start = Arc::new(tokio::sync::Barrier::new(requests as usize));
+    let mut tasks = Vec::new();
+    if cluster {
+        let nodes: Vec<String> = url
+            .split_once("://")
+            .map(|(_, rest)| rest.split(',').map(|h| format!("redis://{h}")).collect())
+            .unwrap_or_default();
+        let client = redis::cluster::ClusterClient::new(nodes).map_err(|e| e.to_string())?;
+        let conn = client.get_async_connection().await.map_err(|e| format!("cannot connect: {e}"))?;
+        for _ in 0..requests {
+            let (mut conn, key, admitted, start) = (conn.clone(), key.to_string(), admitted.clone(), start.clone());
+            tasks.push(tokio::spawn(async move {
+                start.wait().await;
+                naive_once(&mut conn, &key, limit, &admitted).await
+            }));
+        }
+    } else {
+        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
+        let conn = client.get_multiplexed_async_connection().await.map_err(|e| format!("cannot connect: {e}"))?;
+        for _ in 0..requests {
+            let (mut conn, key, admitted, start) = (conn.clone(), key.to_string(), admitted.clone(), start.clone());
+            tasks.push(tokio::spawn(async move {
+                start.wait().await;
+                naive_once(&mut conn, &key, limit, &admitted).await
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.map_err(|e| e.to_string())??;
+    }
+    Ok(admitted.load(Ordering::Relaxed))
+}
+
+async fn naive_once<C: redis::aio::ConnectionLike + Send>(
+    conn: &mut C,
+    key: &str,
+    limit: u64,
+    admitted: &AtomicU64,
+) -> Result<(), String> {
+    let used: Option<u64> = redis::cmd("GET").arg(key).query_async(conn).await.map_err(|e| e.to_string())?;
+    let used = used.unwrap_or(0);
+    if used >= limit {
+        return Ok(());
+    }
+    let _: () = redis::cmd("SET").arg(key).arg(used + 1).arg("EX").arg(60).query_async(conn).await.map_err(|e| e.to_string())?;
+    admitted.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The naive limiter in process memory: read, yield (as an await on a network call would), write.
+async fn naive_memory(requests: u64, limit: u64) -> u64 {
+    let counter = Arc::new(std::sync::Mutex::new(0u64));
+    let admitted = Arc::new(AtomicU64::new(0));
+    let start = Arc::new(tokio::sync::Barrier::new(requests as usize));
+    let mut tasks = Vec::new();
+    for _ in 0..requests {
+        let (counter, admitted, start) = (counter.clone(), admitted.clone(), start.clone());
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            let used = *counter.lock().unwrap();
+            tokio::task::yield_now().await;
+            if used < limit {
+                *counter.lock().unwrap() = used + 1;
+                admitted.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    admitted.load(Ordering::Relaxed)
+}
