@@ -31,14 +31,13 @@ pub fn decide(state: Option<&State>, capacity: u64, rate: Rate, now: Timestamp, 
             if elapsed >= div_ceil(missing, r) { full } else { s.tokens + elapsed * r }
         }
     };
-    let need = cost * p;
     if cost > capacity {
         let decision = Decision::cost_exceeds_limit(capacity, tokens / p, div_ceil(full - tokens, r));
         return Outcome { decision, update: Update::Keep };
     }
+    let need = cost * p; // cannot overflow: cost <= capacity and capacity * P was validated
     if tokens < need {
-        let decision =
-            Decision::limited(capacity, tokens / p, div_ceil(need - tokens, r), div_ceil(full - tokens, r));
+        let decision = Decision::limited(capacity, tokens / p, div_ceil(need - tokens, r), div_ceil(full - tokens, r));
         return Outcome { decision, update: Update::Keep };
     }
     let left = tokens - need;
