@@ -1,2 +1,28 @@
-//! Work in progress.
+//! `sluice-redis`: the [`sluice_core::Store`] on Redis and Valkey, standalone or Cluster.
+//!
+//! # Layout
+//! - `lua/*.lua`: one file per algorithm (a check function registered in `CHECK`), the
+//!   all-or-nothing dispatcher `check.lua` and `release.lua`, each with its KEYS/ARGV contract
+//!   and Redis command count on top. [`scripts`] assembles them at compile time into one script
+//!   per algorithm, one multi-limit script and one function library, so each algorithm's logic
+//!   exists once.
+//! - [`store`]: [`RedisStore`] — connections (multiplexed, reconnecting; Cluster with
+//!   MOVED/ASK handled by the client), `EVALSHA` with `EVAL` fallback on `NOSCRIPT`, `FCALL`
+//!   with reload, per-call timeouts, error mapping.
+//! - [`url`]: `redis://`, `redis+cluster://` and friends.
+//! - [`sharding`]: hot-key sharding helpers.
+//!
+//! The formulas are those of `sluice_core::algorithm` (`docs/algorithms.md`); a differential
+//! test holds the scripts equal to the Rust functions. See `docs/redis.md`.
 #![forbid(unsafe_code)]
+
+mod protocol;
+pub mod scripts;
+pub mod sharding;
+pub mod store;
+pub mod url;
+
+pub use scripts::{function_library, scripts};
+pub use sharding::shard_algorithm;
+pub use store::{RedisOptions, RedisStore, RedisStoreBuilder, ScriptMode, connect};
+

@@ -1,0 +1,86 @@
+-- common.lua: helpers shared by every sluice script (prepended to each of them).
+--
+-- Integer arithmetic on Lua doubles: every value sluice passes is below 2^53, where doubles
+-- are exact; divisions are corrected to the exact floor/ceil. Values are written with %d so
+-- no precision is lost to Lua's default %.14g formatting.
+local floor = math.floor
+-- Looked up at call time: a function library cannot reach redis.call while it loads.
+local function call(...)
+  return redis.call(...)
+end
+local function pcall_(...)
+  return redis.pcall(...)
+end
+
+-- Exact floor(a / b) for 0 <= a < 2^53, b >= 1.
+local function fdiv(a, b)
+  local q = floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+-- Exact ceil(a / b) for 0 <= a < 2^53, b >= 1.
+local function cdiv(a, b)
+  local q = fdiv(a, b)
+  if q * b < a then
+    q = q + 1
+  end
+  return q
+end
+
+-- The value of a string key, or nil when it is missing or holds another type (a policy that
+-- changed algorithm): a state of another algorithm is treated as absent.
+local function get_string(key)
+  local v = pcall_('GET', key)
+  if type(v) == 'string' then
+    return v
+  end
+  return nil
+end
+
+-- Writes a string state with a TTL (ms, at least 1) padded by `pad` (test clocks only).
+local function put_string(key, value, ttl_ms, pad)
+  call('SET', key, value, 'PX', ttl_ms + pad)
+end
+
+-- The entries of a sorted-set state as {member, score} pairs (flat list), or nil and true when
+-- the key holds another type (it is then replaced on write).
+local function zentries(key)
+  local v = pcall_('ZRANGE', key, 0, -1, 'WITHSCORES')
+  if type(v) == 'table' and v.err == nil then
+    return v, false
+  end
+  return {}, true
+end
+
+-- The cost encoded in a log entry or lease member: `<id>#<cost>` for cost > 1, `<id>` for 1.
+local function member_cost(m)
+  local c = string.match(m, '#(%d+)$')
+  if c then
+    return tonumber(c)
+  end
+  return 1
+end
+
+-- Decision rows: {allowed, limit, remaining, retry_after_ms, reset_after_ms, delay_ms, reason}
+-- reason: 0 none, 1 limited, 2 cost exceeds limit.
+local function allow(limit, remaining, reset, delay)
+  return { 1, limit, remaining, 0, reset, delay or 0, 0 }
+end
+local function limited(limit, remaining, retry, reset)
+  if retry < 1 then
+    retry = 1
+  end
+  return { 0, limit, remaining, retry, reset, 0, 1 }
+end
+local function too_costly(limit, remaining, reset)
+  return { 0, limit, remaining, 0, reset, 0, 2 }
+end
+
+-- Algorithms register here: CHECK[code](key, now_us, cost, p1, p2, p3, p4, token) returns a
+-- decision row and, when the decision writes, a function(pad) doing the write.
+local CHECK = {}

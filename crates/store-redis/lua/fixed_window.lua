@@ -1,0 +1,37 @@
+-- fixed_window.lua: fixed window aligned to the epoch (docs/algorithms.md, fixed_window.rs).
+--
+-- Item parameters: p1 = limit L, p2 = window W (ms). State: string `f<window_start>:<count>`.
+-- Redis commands per decision: GET, then SET PX when admitted with cost > 0 (2 at most).
+CHECK.fw = function(key, now, cost, limit, w)
+  local now_ms = floor(now / 1000)
+  local start = fdiv(now_ms, w) * w
+  local count = 0
+  local v = get_string(key)
+  if v then
+    local s, c = string.match(v, '^f(%d+):(%d+)$')
+    if s and tonumber(s) == start then
+      count = tonumber(c)
+    end
+  end
+  local left = start + w - now_ms
+  local function reset_of(c)
+    if c > 0 then
+      return left
+    end
+    return 0
+  end
+  if cost > limit then
+    return too_costly(limit, math.max(0, limit - count), reset_of(count))
+  end
+  if count + cost > limit then
+    return limited(limit, math.max(0, limit - count), left, reset_of(count))
+  end
+  local after = count + cost
+  local d = allow(limit, limit - after, reset_of(after))
+  if cost == 0 then
+    return d
+  end
+  return d, function(pad)
+    put_string(key, string.format('f%d:%d', start, after), left, pad)
+  end
+end

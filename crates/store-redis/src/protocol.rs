@@ -1,0 +1,88 @@
+//! Encoding of check items as script arguments, and decoding of the script's reply.
+//! The contract is written on top of `lua/check.lua`.
+
+use sluice_core::{Algorithm, CheckItem, Decision, DenyReason, LeakyMode, LeaseId, MultiDecision, StoreError};
+
+/// Integers per item in the reply.
+pub(crate) const ROW: usize = 7;
+
+/// The GCRA emission interval in µs, as `docs/algorithms.md` defines it.
+pub(crate) fn emission_interval_us(amount: u64, per_ms: u64) -> u64 {
+    (per_ms as u128 * 1000 / amount.max(1) as u128) as u64
+}
+
+/// Appends the 7 arguments of one item: code, cost, p1..p4, token.
+pub(crate) fn push_item_args(args: &mut Vec<String>, algorithm: &Algorithm, cost: u64, token: &str) {
+    let (code, p): (&str, [u64; 4]) = match *algorithm {
+        Algorithm::TokenBucket { capacity, rate } => {
+            let r = rate.reduced();
+            ("tb", [capacity, r.amount, r.per_ms, 0])
+        }
+        Algorithm::Gcra { rate, burst } => ("gcra", [emission_interval_us(rate.amount, rate.per_ms), burst, 0, 0]),
+        Algorithm::LeakyBucket { capacity, rate, mode } => {
+            let r = rate.reduced();
+            ("lb", [capacity, r.amount, r.per_ms, u64::from(mode == LeakyMode::Shaping)])
+        }
+        Algorithm::FixedWindow { limit, window_ms } => ("fw", [limit, window_ms, 0, 0]),
+        Algorithm::SlidingWindowCounter { limit, window_ms } => ("swc", [limit, window_ms, 0, 0]),
+        Algorithm::SlidingWindowLog { limit, window_ms } => ("swl", [limit, window_ms, 0, 0]),
+        Algorithm::Concurrency { limit, lease_ms } => ("cc", [limit, lease_ms, 0, 0]),
+    };
+    args.push(code.to_string());
+    args.push(cost.to_string());
+    args.extend(p.iter().map(u64::to_string));
+    args.push(token.to_string());
+}
+
+/// Whether an item stores a unique token (a log entry or a lease) when admitted.
+pub(crate) fn needs_token(algorithm: &Algorithm, cost: u64) -> bool {
+    cost > 0 && matches!(algorithm, Algorithm::SlidingWindowLog { .. } | Algorithm::Concurrency { .. })
+}
+
+/// The member a log entry or lease is stored under: `<id>` for cost 1, `<id>#<cost>` above, so
+/// the scripts can sum costs from the members alone.
+pub(crate) fn token_for(id: &str, cost: u64) -> String {
+    if cost > 1 { format!("{id}#{cost}") } else { id.to_string() }
+}
+
+/// Decodes the reply of a check of `items`; `tokens[i]` is the lease id sent for item i.
+pub(crate) fn decode(
+    items: &[CheckItem<'_>],
+    tokens: &[String],
+    reply: &[i64],
+) -> Result<MultiDecision, StoreError> {
+    if reply.len() != items.len() * ROW {
+        return Err(StoreError::Backend(format!(
+            "script returned {} integers for {} items",
+            reply.len(),
+            items.len()
+        )));
+    }
+    let mut decisions = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let r = &reply[i * ROW..(i + 1) * ROW];
+        let u = |v: i64| v.max(0) as u64;
+        let reason = match r[6] {
+            0 => None,
+            1 => Some(DenyReason::Limited),
+            2 => Some(DenyReason::CostExceedsLimit),
+            3 => Some(DenyReason::OtherLimitDenied),
+            other => return Err(StoreError::Backend(format!("unknown reason code {other}"))),
+        };
+        let allowed = r[0] == 1;
+        let lease = (allowed && item.cost > 0 && matches!(item.algorithm, Algorithm::Concurrency { .. }))
+            .then(|| LeaseId(tokens[i].clone()));
+        decisions.push(Decision {
+            allowed,
+            limit: u(r[1]),
+            remaining: u(r[2]),
+            retry_after_ms: u(r[3]),
+            reset_after_ms: u(r[4]),
+            delay_ms: u(r[5]),
+            reason,
+            lease,
+        });
+    }
+    let allowed = decisions.iter().all(|d| d.allowed);
+    Ok(MultiDecision { allowed, decisions })
+}
