@@ -1,2 +1,4 @@
-//! Work in progress.
+//! `sluice-http`: rate limiting for HTTP services.
 #![forbid(unsafe_code)]
+
+pub mod headers;
