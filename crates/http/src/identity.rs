@@ -1,0 +1,612 @@
+//! Who a request is limited as.
+//!
+//! A limiter is only as good as its key: an identity the client can choose is no limit at
+//! all, and an identity shared by everyone (the load balancer's address) limits everyone
+//! together. So:
+//!
+//! - Credentials (an API key header, a bearer token) are used when present, **hashed** with
+//!   [`Identity::credential`] under a configurable 32-byte key, so key names, logs and
+//!   `MONITOR` sessions never show a secret.
+//! - The application can supply the identity itself: a closure over the request head, or a
+//!   [`sluice::Identity`] request extension set by an authentication layer that runs first.
+//! - Otherwise the client IP. Forwarding headers (`Forwarded`, `X-Forwarded-For`,
+//!   `X-Real-IP`) are read **only** when the socket peer is a trusted proxy, and then the
+//!   client is the right-most address that is not itself a trusted proxy: every address left
+//!   of that was written by the client and proves nothing. IPv6 clients usually hold a whole
+//!   /64, so they are grouped by a prefix (default /64); IPv4 addresses by /32.
+//!
+//! The socket peer comes from axum's `ConnectInfo<SocketAddr>` extension (serve with
+//! `into_make_service_with_connect_info::<SocketAddr>()`) or a plain `SocketAddr` extension
+//! (plain hyper services insert it themselves).
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use axum::extract::ConnectInfo;
+use http::request::Parts;
+use http::{HeaderMap, HeaderName};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use sluice::Identity;
+
+/// A closure deriving an identity from the request head.
+pub type IdentityFn = Arc<dyn Fn(&Parts) -> Option<Identity> + Send + Sync>;
+
+/// One way of finding the identity; sources are tried in order, the client IP last.
+#[derive(Clone)]
+pub enum IdentitySource {
+    /// The value of this header (e.g. `x-api-key`), hashed: `key:h<hex>`.
+    ApiKey(HeaderName),
+    /// The token of `Authorization: Bearer <token>`, hashed: `bearer:h<hex>`.
+    Bearer,
+    /// A [`sluice::Identity`] request extension set by an earlier (authentication) layer.
+    Extension,
+    /// Whatever the closure answers; `None` falls through to the next source.
+    Custom(IdentityFn),
+}
+
+impl IdentitySource {
+    /// An API key header, hashed before use.
+    pub fn api_key(header: &'static str) -> Self {
+        IdentitySource::ApiKey(HeaderName::from_static(header))
+    }
+    /// A closure over the request head.
+    pub fn custom(f: impl Fn(&Parts) -> Option<Identity> + Send + Sync + 'static) -> Self {
+        IdentitySource::Custom(Arc::new(f))
+    }
+}
+
+impl fmt::Debug for IdentitySource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IdentitySource::ApiKey(h) => f.debug_tuple("ApiKey").field(h).finish(),
+            IdentitySource::Bearer => f.write_str("Bearer"),
+            IdentitySource::Extension => f.write_str("Extension"),
+            IdentitySource::Custom(_) => f.write_str("Custom(..)"),
+        }
+    }
+}
+
+/// Which socket peers may tell us the client address.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum TrustedProxies {
+    /// Nobody: the client is the socket peer and forwarding headers are ignored (default).
+    #[default]
+    None,
+    /// Peers (and forwarding hops) inside these networks are our proxies.
+    Cidrs(Vec<IpNet>),
+    /// Exactly this many proxies sit in front of us (Express's `trust proxy = N`): the client
+    /// is the N-th address from the right of `forwarded addresses + socket peer`.
+    Hops(usize),
+}
+
+impl TrustedProxies {
+    /// Parses a list such as `["10.0.0.0/8", "192.168.1.7", "fd00::/8"]` (bare addresses are
+    /// single hosts).
+    pub fn cidrs<S: AsRef<str>>(list: &[S]) -> Result<Self, ipnet::AddrParseError> {
+        let mut nets = Vec::with_capacity(list.len());
+        for s in list {
+            let s = s.as_ref().trim();
+            let net = match s.parse::<IpNet>() {
+                Ok(n) => n,
+                Err(e) => match s.parse::<IpAddr>() {
+                    Ok(ip) => IpNet::from(ip),
+                    Err(_) => return Err(e),
+                },
+            };
+            nets.push(net.trunc());
+        }
+        Ok(TrustedProxies::Cidrs(nets))
+    }
+
+    fn contains(&self, ip: IpAddr) -> bool {
+        match self {
+            TrustedProxies::Cidrs(nets) => nets.iter().any(|n| n.contains(&ip)),
+            _ => false,
+        }
+    }
+}
+
+/// How the client IP is found and grouped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientIpConfig {
+    /// Which peers may set forwarding headers.
+    pub trusted: TrustedProxies,
+    /// IPv6 addresses are grouped by this prefix length (default 64).
+    pub ipv6_prefix: u8,
+    /// IPv4 addresses are grouped by this prefix length (default 32).
+    pub ipv4_prefix: u8,
+}
+
+impl Default for ClientIpConfig {
+    fn default() -> Self {
+        Self {
+            trusted: TrustedProxies::None,
+            ipv6_prefix: 64,
+            ipv4_prefix: 32,
+        }
+    }
+}
+
+impl ClientIpConfig {
+    /// The client address of a request from `peer` with `headers`.
+    pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        let peer = peer.to_canonical();
+        match &self.trusted {
+            TrustedProxies::None => peer,
+            TrustedProxies::Cidrs(_) => {
+                if !self.trusted.contains(peer) {
+                    return peer;
+                }
+                let chain = forwarded_chain(headers);
+                // Walk from the right; the first hop we do not trust is the client. An
+                // unreadable hop ("unknown", an obfuscated name) stops the walk at the last
+                // proxy we trust, which then stands for everyone behind it.
+                let mut last = peer;
+                for hop in chain.iter().rev() {
+                    match hop {
+                        Some(ip) if self.trusted.contains(*ip) => last = *ip,
+                        Some(ip) => return *ip,
+                        None => return last,
+                    }
+                }
+                last
+            }
+            TrustedProxies::Hops(n) => {
+                if *n == 0 {
+                    return peer;
+                }
+                let chain = forwarded_chain(headers);
+                // addresses = chain + [peer]; the client is n from the right, or the left-most.
+                let idx = chain.len().saturating_sub(*n);
+                match chain.get(idx) {
+                    Some(Some(ip)) => *ip,
+                    Some(None) => chain[idx + 1..]
+                        .iter()
+                        .flatten()
+                        .next()
+                        .copied()
+                        .unwrap_or(peer),
+                    None => peer,
+                }
+            }
+        }
+    }
+
+    /// The identity of a client address: `ip:203.0.113.7`, `ip6:2001:db8:1:2::/64`, or the
+    /// network when the prefix is shorter than the address (`ip:203.0.113.0/24`).
+    pub fn group(&self, ip: IpAddr) -> Identity {
+        match ip.to_canonical() {
+            IpAddr::V4(v4) => {
+                let p = self.ipv4_prefix.min(32);
+                if p == 32 {
+                    Identity::new(format!("ip:{v4}"))
+                } else {
+                    let net = Ipv4Net::new(v4, p)
+                        .map(|n| n.trunc())
+                        .unwrap_or_else(|_| Ipv4Net::from(v4));
+                    Identity::new(format!("ip:{net}"))
+                }
+            }
+            IpAddr::V6(v6) => {
+                let p = self.ipv6_prefix.min(128);
+                if p == 128 {
+                    Identity::new(format!("ip6:{v6}"))
+                } else {
+                    let net = Ipv6Net::new(v6, p)
+                        .map(|n| n.trunc())
+                        .unwrap_or_else(|_| Ipv6Net::from(v6));
+                    Identity::new(format!("ip6:{net}"))
+                }
+            }
+        }
+    }
+}
+
+/// The socket peer of a request, from axum's `ConnectInfo` or a `SocketAddr` extension.
+pub fn peer_addr(extensions: &http::Extensions) -> Option<SocketAddr> {
+    extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0)
+        .or_else(|| extensions.get::<SocketAddr>().copied())
+}
+
+/// The forwarded addresses, left (client side) to right (nearest proxy). `Forwarded` wins
+/// over `X-Forwarded-For`, which wins over `X-Real-IP`: a proxy that writes the standard
+/// header is more recent than one that writes the older ones. `None` marks a hop that is not
+/// an address (`unknown`, obfuscated, unparsable).
+pub fn forwarded_chain(headers: &HeaderMap) -> Vec<Option<IpAddr>> {
+    let mut out = Vec::new();
+    let fwd = headers.get_all(http::header::FORWARDED);
+    if fwd.iter().next().is_some() {
+        for v in fwd {
+            match v.to_str() {
+                Ok(s) => parse_forwarded(s, &mut out),
+                Err(_) => out.push(None),
+            }
+        }
+        return out;
+    }
+    let xff = headers.get_all("x-forwarded-for");
+    if xff.iter().next().is_some() {
+        for v in xff {
+            match v.to_str() {
+                Ok(s) => out.extend(s.split(',').filter_map(|e| parse_node(e.trim()))),
+                Err(_) => out.push(None),
+            }
+        }
+        return out;
+    }
+    if let Some(v) = headers.get("x-real-ip") {
+        out.push(v.to_str().ok().and_then(|s| parse_node(s.trim())).flatten());
+    }
+    out
+}
+
+/// Parses one node: `203.0.113.7`, `203.0.113.7:443`, `2001:db8::1`, `[2001:db8::1]:443`.
+/// `None` for an empty entry (skipped), `Some(None)` for a hop that is not an address.
+fn parse_node(s: &str) -> Option<Option<IpAddr>> {
+    let s = s.trim_matches('"');
+    if s.is_empty() {
+        return None;
+    }
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Some(Some(ip.to_canonical()));
+    }
+    if let Ok(sa) = s.parse::<SocketAddr>() {
+        return Some(Some(sa.ip().to_canonical()));
+    }
+    if let Some(inner) = s.strip_prefix('[').and_then(|r| r.split(']').next()) {
+        if let Ok(ip) = inner.parse::<IpAddr>() {
+            return Some(Some(ip.to_canonical()));
+        }
+    }
+    Some(None)
+}
+
+/// Parses an RFC 7239 `Forwarded` value: elements separated by `,`, pairs by `;`, values
+/// tokens or quoted strings; only `for=` matters here. An element without `for` is a hop we
+/// cannot read.
+fn parse_forwarded(s: &str, out: &mut Vec<Option<IpAddr>>) {
+    let bytes = s.as_bytes();
+    let mut i = 0;
+    let mut element_for: Option<Option<IpAddr>> = None;
+    let mut element_seen = false;
+    while i <= bytes.len() {
+        // Read one pair `name=value` up to `;`, `,` or the end.
+        while i < bytes.len() && (bytes[i] == b' ' || bytes[i] == b'\t') {
+            i += 1;
+        }
+        let name_start = i;
+        while i < bytes.len() && !matches!(bytes[i], b'=' | b';' | b',') {
+            i += 1;
+        }
+        let name = s[name_start..i].trim();
+        let mut val = String::new();
+        if i < bytes.len() && bytes[i] == b'=' {
+            i += 1;
+            if i < bytes.len() && bytes[i] == b'"' {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    if bytes[i] == b'\\' && i + 1 < bytes.len() {
+                        i += 1;
+                    }
+                    val.push(bytes[i] as char);
+                    i += 1;
+                }
+                i += 1; // closing quote
+                while i < bytes.len() && !matches!(bytes[i], b';' | b',') {
+                    i += 1;
+                }
+            } else {
+                let vs = i;
+                while i < bytes.len() && !matches!(bytes[i], b';' | b',') {
+                    i += 1;
+                }
+                val.push_str(s[vs..i].trim());
+            }
+        }
+        if !name.is_empty() {
+            element_seen = true;
+            if name.eq_ignore_ascii_case("for") {
+                element_for = Some(parse_node(&val).flatten());
+            }
+        }
+        let end_of_element = i >= bytes.len() || bytes[i] == b',';
+        if end_of_element {
+            if element_seen {
+                out.push(element_for.flatten());
+            }
+            element_for = None;
+            element_seen = false;
+        }
+        i += 1;
+    }
+}
+
+/// Derives identities from requests: the configured sources in order, then the client IP.
+#[derive(Clone)]
+pub struct IdentityResolver {
+    sources: Vec<IdentitySource>,
+    hash_key: [u8; 32],
+    client_ip: ClientIpConfig,
+}
+
+impl fmt::Debug for IdentityResolver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never print the hash key.
+        f.debug_struct("IdentityResolver")
+            .field("sources", &self.sources)
+            .field("client_ip", &self.client_ip)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for IdentityResolver {
+    fn default() -> Self {
+        Self::new(
+            Vec::new(),
+            sluice::core::key::default_hash_key(),
+            ClientIpConfig::default(),
+        )
+    }
+}
+
+impl IdentityResolver {
+    /// A resolver trying `sources` in order, then the client IP.
+    pub fn new(
+        sources: Vec<IdentitySource>,
+        hash_key: [u8; 32],
+        client_ip: ClientIpConfig,
+    ) -> Self {
+        Self {
+            sources,
+            hash_key,
+            client_ip,
+        }
+    }
+
+    /// The client IP settings.
+    pub fn client_ip_config(&self) -> &ClientIpConfig {
+        &self.client_ip
+    }
+
+    /// The identity of a request.
+    pub fn resolve(&self, parts: &Parts) -> Identity {
+        for source in &self.sources {
+            let found = match source {
+                IdentitySource::ApiKey(h) => parts
+                    .headers
+                    .get(h)
+                    .map(|v| v.as_bytes())
+                    .filter(|v| !v.is_empty())
+                    .map(|v| Identity::credential("key", v, &self.hash_key)),
+                IdentitySource::Bearer => parts
+                    .headers
+                    .get(http::header::AUTHORIZATION)
+                    .and_then(|v| bearer_token(v.as_bytes()))
+                    .map(|t| Identity::credential("bearer", t, &self.hash_key)),
+                IdentitySource::Extension => parts.extensions.get::<Identity>().cloned(),
+                IdentitySource::Custom(f) => f(parts),
+            };
+            if let Some(id) = found {
+                return id;
+            }
+        }
+        match peer_addr(&parts.extensions) {
+            Some(peer) => self
+                .client_ip
+                .group(self.client_ip.client_ip(peer.ip(), &parts.headers)),
+            // No socket address was made available: everyone without credentials shares one
+            // bucket, which is safe (never more traffic than configured) but coarse.
+            None => Identity::new("ip:unknown"),
+        }
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` value (scheme case-insensitive).
+fn bearer_token(v: &[u8]) -> Option<&[u8]> {
+    if v.len() > 7 && v[..7].eq_ignore_ascii_case(b"bearer ") {
+        let t = v[7..].trim_ascii();
+        (!t.is_empty()).then_some(t)
+    } else {
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(*n, v.parse().unwrap());
+        }
+        h
+    }
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+    fn cfg(trusted: TrustedProxies) -> ClientIpConfig {
+        ClientIpConfig {
+            trusted,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn untrusted_peers_cannot_choose_their_address() {
+        let c = cfg(TrustedProxies::None);
+        let h = headers(&[
+            ("x-forwarded-for", "1.2.3.4"),
+            ("forwarded", "for=1.2.3.4"),
+            ("x-real-ip", "1.2.3.4"),
+        ]);
+        assert_eq!(c.client_ip(ip("198.51.100.9"), &h), ip("198.51.100.9"));
+        // A trusted list that does not contain the peer is the same.
+        let c = cfg(TrustedProxies::cidrs(&["10.0.0.0/8"]).unwrap());
+        assert_eq!(c.client_ip(ip("198.51.100.9"), &h), ip("198.51.100.9"));
+    }
+
+    #[test]
+    fn right_most_untrusted_address_wins() {
+        let c = cfg(TrustedProxies::cidrs(&["10.0.0.0/8", "192.168.0.1"]).unwrap());
+        // One proxy.
+        let h = headers(&[("x-forwarded-for", "203.0.113.7")]);
+        assert_eq!(c.client_ip(ip("10.0.0.1"), &h), ip("203.0.113.7"));
+        // Two proxies; the client prepended a lie.
+        let h = headers(&[("x-forwarded-for", "6.6.6.6, 203.0.113.7, 10.1.1.1")]);
+        assert_eq!(c.client_ip(ip("192.168.0.1"), &h), ip("203.0.113.7"));
+        // Several header lines are one list.
+        let h = headers(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-for", "203.0.113.7:5555"),
+        ]);
+        assert_eq!(c.client_ip(ip("10.0.0.1"), &h), ip("203.0.113.7"));
+        // No header: the proxy itself.
+        assert_eq!(
+            c.client_ip(ip("10.0.0.1"), &HeaderMap::new()),
+            ip("10.0.0.1")
+        );
+        // X-Real-IP when nothing else.
+        let h = headers(&[("x-real-ip", "203.0.113.8")]);
+        assert_eq!(c.client_ip(ip("10.0.0.1"), &h), ip("203.0.113.8"));
+        // An unreadable hop stops at the last trusted proxy.
+        let h = headers(&[("x-forwarded-for", "203.0.113.7, garbage, 10.1.1.1")]);
+        assert_eq!(c.client_ip(ip("10.0.0.1"), &h), ip("10.1.1.1"));
+    }
+
+    #[test]
+    fn forwarded_header_is_parsed() {
+        let h = headers(&[(
+            "forwarded",
+            "for=6.6.6.6;proto=http, For=\"[2001:db8:cafe::17]:4711\";by=10.0.0.2, for=unknown, proto=https",
+        )]);
+        assert_eq!(
+            forwarded_chain(&h),
+            vec![
+                Some(ip("6.6.6.6")),
+                Some(ip("2001:db8:cafe::17")),
+                None,
+                None
+            ]
+        );
+        let c = cfg(TrustedProxies::cidrs(&["10.0.0.0/8"]).unwrap());
+        let h = headers(&[
+            ("forwarded", "for=6.6.6.6, for=\"203.0.113.7:80\""),
+            ("x-forwarded-for", "1.1.1.1"),
+        ]);
+        assert_eq!(c.client_ip(ip("10.0.0.1"), &h), ip("203.0.113.7"));
+    }
+
+    #[test]
+    fn hop_count() {
+        let h = headers(&[("x-forwarded-for", "6.6.6.6, 203.0.113.7, 10.1.1.1")]);
+        assert_eq!(
+            cfg(TrustedProxies::Hops(0)).client_ip(ip("10.0.0.1"), &h),
+            ip("10.0.0.1")
+        );
+        assert_eq!(
+            cfg(TrustedProxies::Hops(1)).client_ip(ip("10.0.0.1"), &h),
+            ip("10.1.1.1")
+        );
+        assert_eq!(
+            cfg(TrustedProxies::Hops(2)).client_ip(ip("10.0.0.1"), &h),
+            ip("203.0.113.7")
+        );
+        assert_eq!(
+            cfg(TrustedProxies::Hops(9)).client_ip(ip("10.0.0.1"), &h),
+            ip("6.6.6.6")
+        );
+        assert_eq!(
+            cfg(TrustedProxies::Hops(1)).client_ip(ip("10.0.0.1"), &HeaderMap::new()),
+            ip("10.0.0.1")
+        );
+    }
+
+    #[test]
+    fn grouping() {
+        let c = ClientIpConfig::default();
+        assert_eq!(c.group(ip("203.0.113.7")).as_str(), "ip:203.0.113.7");
+        assert_eq!(c.group(ip("::ffff:203.0.113.7")).as_str(), "ip:203.0.113.7");
+        assert_eq!(
+            c.group(ip("2001:db8:1:2:aaaa::1")).as_str(),
+            "ip6:2001:db8:1:2::/64"
+        );
+        assert_eq!(
+            c.group(ip("2001:db8:1:2:bbbb::9")),
+            c.group(ip("2001:db8:1:2:aaaa::1"))
+        );
+        assert_ne!(
+            c.group(ip("2001:db8:1:3::1")),
+            c.group(ip("2001:db8:1:2::1"))
+        );
+        let c = ClientIpConfig {
+            ipv6_prefix: 48,
+            ipv4_prefix: 24,
+            ..Default::default()
+        };
+        assert_eq!(
+            c.group(ip("2001:db8:1:2::1")).as_str(),
+            "ip6:2001:db8:1::/48"
+        );
+        assert_eq!(c.group(ip("203.0.113.7")).as_str(), "ip:203.0.113.0/24");
+        let c = ClientIpConfig {
+            ipv6_prefix: 128,
+            ..Default::default()
+        };
+        assert_eq!(c.group(ip("2001:db8::1")).as_str(), "ip6:2001:db8::1");
+    }
+
+    #[test]
+    fn sources_in_order_then_ip() {
+        let key = [7u8; 32];
+        let r = IdentityResolver::new(
+            vec![
+                IdentitySource::api_key("x-api-key"),
+                IdentitySource::Bearer,
+                IdentitySource::Extension,
+            ],
+            key,
+            ClientIpConfig::default(),
+        );
+        let req = |pairs: &[(&'static str, &str)]| {
+            let mut b = http::Request::builder();
+            for (n, v) in pairs {
+                b = b.header(*n, *v);
+            }
+            let (mut parts, ()) = b.body(()).unwrap().into_parts();
+            parts.extensions.insert(ConnectInfo(
+                "198.51.100.9:1234".parse::<SocketAddr>().unwrap(),
+            ));
+            parts
+        };
+        let id = r.resolve(&req(&[
+            ("x-api-key", "sk_live_1"),
+            ("authorization", "Bearer t"),
+        ]));
+        assert_eq!(id, Identity::credential("key", b"sk_live_1", &key));
+        assert!(!id.as_str().contains("sk_live"));
+        let id = r.resolve(&req(&[("authorization", "bearer  tok ")]));
+        assert_eq!(id, Identity::credential("bearer", b"tok", &key));
+        let mut p = req(&[("x-api-key", "")]);
+        p.extensions.insert(Identity::new("user:42"));
+        assert_eq!(r.resolve(&p).as_str(), "user:42");
+        assert_eq!(r.resolve(&req(&[])).as_str(), "ip:198.51.100.9");
+        let custom = IdentityResolver::new(
+            vec![IdentitySource::custom(|p| {
+                p.uri.query().map(|q| Identity::new(format!("q:{q}")))
+            })],
+            key,
+            ClientIpConfig::default(),
+        );
+        let (mut parts, ()) = http::Request::get("/x?tenant")
+            .body(())
+            .unwrap()
+            .into_parts();
+        assert_eq!(custom.resolve(&parts).as_str(), "q:tenant");
+        parts.uri = "/x".parse().unwrap();
+        assert_eq!(custom.resolve(&parts).as_str(), "ip:unknown");
+    }
+}
