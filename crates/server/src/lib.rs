@@ -1,2 +1,5 @@
-//! Work in progress.
+//! `sluice serve`: the limiter as a standalone service.
 #![forbid(unsafe_code)]
+
+pub mod config;
+pub mod descriptors;
