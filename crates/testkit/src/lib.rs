@@ -1,2 +1,4 @@
 //! Work in progress.
 #![forbid(unsafe_code)]
+
+pub mod servers;
