@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry as MapEntry;
-use std::hash::{BuildHasher, Hash, Hasher};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -145,9 +145,7 @@ impl MemoryStore {
     }
 
     fn shard_of(&self, key: &str) -> usize {
-        let mut h = self.hasher.build_hasher();
-        key.hash(&mut h);
-        (h.finish() % self.shards.len() as u64) as usize
+        (self.hasher.hash_one(key) % self.shards.len() as u64) as usize
     }
 
     /// The synchronous core of [`Store::check`]: evaluates and (if all admit) commits.
