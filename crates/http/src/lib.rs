@@ -1,5 +1,25 @@
-//! `sluice-http`: rate limiting for HTTP services.
+//! `sluice-http`: rate limiting for HTTP services, as a tower layer for axum and hyper.
+//!
+//! # Layout
+//! - [`headers`]: the `RateLimit-Policy` / `RateLimit` fields, the legacy `X-RateLimit-*`
+//!   headers, `Retry-After` and the 429 problem+json answer. Pure formatting, usable without
+//!   the layer (the `sluice serve` HTTP API, the reverse proxy and the Envoy service share it).
+//! - [`identity`]: who a request is limited as: hashed API keys and bearer tokens, identities
+//!   supplied by the application, and the client IP behind trusted proxies only.
+//! - [`layer`]: [`RateLimitLayer`] and its service: route rules, the check, denials answered
+//!   in `call`, shaping delays and concurrency leases held until the response body ends.
+//!
+//! See `docs/http.md` for adding it to an axum app, every header it sends and why, and how
+//! to configure trusted proxies.
 #![forbid(unsafe_code)]
 
 pub mod headers;
 pub mod identity;
+pub mod layer;
+
+pub use headers::{HeaderOptions, rate_limit_headers, too_many_requests};
+pub use identity::{ClientIpConfig, IdentityResolver, IdentitySource, TrustedProxies};
+pub use layer::{
+    LeaseGuard, RateLimit, RateLimitBody, RateLimitIdentity, RateLimitLayer, RateLimitLayerBuilder,
+    RateLimitStats, Rule, StatsSnapshot,
+};

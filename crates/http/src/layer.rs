@@ -1,0 +1,570 @@
+//! The tower [`RateLimitLayer`] and its [`RateLimit`] service.
+//!
+//! The decision is made in `call`, and a denial is answered there at once: `poll_ready` only
+//! asks the inner service. A limiter that stalled in `poll_ready` would hold every caller of
+//! a shared service (axum treats services as always ready, so it would not even work there),
+//! and a client over its limit must learn so now, with a `Retry-After`, not after a queue.
+//!
+//! Per request the service
+//! 1. picks the [`Rule`] for the path and method (longest prefix wins); no rule, no limit;
+//! 2. derives the identity ([`crate::identity`]);
+//! 3. checks every policy of the rule at once with [`Limiter::check_many`] (all or nothing);
+//! 4. answers a denial itself (429, or the fail-closed status), or sleeps the shaping delay
+//!    and calls the inner service, adding the RateLimit headers to its response.
+//!
+//! Concurrency policies hold a lease while the request runs. The lease sits in a
+//! [`LeaseGuard`] that releases it when dropped; the guard lives in the request's future and
+//! then in the response body ([`RateLimitBody`]), so it is released when the body ends, and
+//! also when the inner service errors, when the future is dropped (client gone, timeout) and
+//! when the handler panics (unwinding drops the future). A lease whose release never happens
+//! (process killed) expires after the policy's lease timeout.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, ready};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body::{Body, Frame, SizeHint};
+use sluice::{Identity, Lease, Limiter, Policy, Verdict};
+
+use crate::headers::{self, HeaderOptions};
+use crate::identity::{ClientIpConfig, IdentityResolver, IdentitySource, TrustedProxies};
+
+/// Which policies apply to the requests under a path prefix (and optionally some methods).
+#[derive(Debug, Clone)]
+pub struct Rule {
+    prefix: String,
+    methods: Vec<Method>,
+    policies: Vec<Arc<Policy>>,
+    cost: u64,
+}
+
+impl Rule {
+    /// A rule for every path under `prefix` (segment-wise: `/api` covers `/api` and
+    /// `/api/x`, not `/apix`). `/` covers everything.
+    pub fn new(prefix: impl Into<String>) -> Self {
+        let mut prefix = prefix.into();
+        if !prefix.starts_with('/') {
+            prefix.insert(0, '/');
+        }
+        Self {
+            prefix,
+            methods: Vec::new(),
+            policies: Vec::new(),
+            cost: 1,
+        }
+    }
+    /// Only these methods (default: any). For the same prefix, a rule naming the method wins
+    /// over one that does not.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = methods.into_iter().collect();
+        self
+    }
+    /// Adds a policy. A rule without policies exempts its prefix (e.g. `/health`).
+    pub fn policy(mut self, policy: impl Into<Arc<Policy>>) -> Self {
+        self.policies.push(policy.into());
+        self
+    }
+    /// The cost of one request (default 1).
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    fn matches(&self, method: &Method, path: &str) -> bool {
+        (self.methods.is_empty() || self.methods.contains(method))
+            && prefix_matches(&self.prefix, path)
+    }
+}
+
+fn prefix_matches(prefix: &str, path: &str) -> bool {
+    prefix == "/"
+        || path == prefix
+        || (path.starts_with(prefix)
+            && (prefix.ends_with('/') || path.as_bytes().get(prefix.len()) == Some(&b'/')))
+}
+
+/// Counts of what the layer did, for tests, health pages and alerts (the same events are
+/// also `sluice_http_requests_total{outcome}` metrics).
+#[derive(Debug, Default)]
+pub struct RateLimitStats {
+    allowed: AtomicU64,
+    denied: AtomicU64,
+    failed_open: AtomicU64,
+    failed_closed: AtomicU64,
+    unlimited: AtomicU64,
+}
+
+/// A copy of [`RateLimitStats`] at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// Requests admitted by the limiter (shadow denials included).
+    pub allowed: u64,
+    /// Requests answered 429 because a limit was used up.
+    pub denied: u64,
+    /// Requests let through because the store failed and the policies fail open.
+    pub failed_open: u64,
+    /// Requests refused because the store failed and a policy fails closed.
+    pub failed_closed: u64,
+    /// Requests no rule applied to.
+    pub unlimited: u64,
+}
+
+impl RateLimitStats {
+    /// The current counts.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            allowed: self.allowed.load(Ordering::Relaxed),
+            denied: self.denied.load(Ordering::Relaxed),
+            failed_open: self.failed_open.load(Ordering::Relaxed),
+            failed_closed: self.failed_closed.load(Ordering::Relaxed),
+            unlimited: self.unlimited.load(Ordering::Relaxed),
+        }
+    }
+
+    fn count(&self, counter: &AtomicU64, outcome: &'static str) {
+        counter.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("sluice_http_requests_total", "outcome" => outcome).increment(1);
+    }
+}
+
+/// The identity the layer limited a request as, inserted into the request's extensions for
+/// the handler (logging, per-tenant answers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RateLimitIdentity(pub Identity);
+
+#[derive(Debug)]
+struct Shared {
+    limiter: Limiter,
+    rules: Vec<Rule>,
+    resolver: IdentityResolver,
+    headers: HeaderOptions,
+    fail_closed_status: StatusCode,
+    stats: Arc<RateLimitStats>,
+}
+
+impl Shared {
+    fn rule(&self, method: &Method, path: &str) -> Option<&Rule> {
+        self.rules.iter().find(|r| r.matches(method, path))
+    }
+}
+
+/// Settings of a [`RateLimitLayer`].
+#[derive(Debug)]
+pub struct RateLimitLayerBuilder {
+    limiter: Limiter,
+    rules: Vec<Rule>,
+    sources: Vec<IdentitySource>,
+    hash_key: [u8; 32],
+    client_ip: ClientIpConfig,
+    headers: HeaderOptions,
+    fail_closed_status: StatusCode,
+}
+
+impl RateLimitLayerBuilder {
+    /// Adds a rule.
+    pub fn rule(mut self, rule: Rule) -> Self {
+        self.rules.push(rule);
+        self
+    }
+    /// Adds a policy for every request (to the rule for `/`, any method).
+    pub fn policy(mut self, policy: impl Into<Arc<Policy>>) -> Self {
+        match self
+            .rules
+            .iter_mut()
+            .find(|r| r.prefix == "/" && r.methods.is_empty())
+        {
+            Some(r) => r.policies.push(policy.into()),
+            None => self.rules.push(Rule::new("/").policy(policy)),
+        }
+        self
+    }
+    /// Adds an identity source, tried in the order added; the client IP comes last.
+    pub fn identity(mut self, source: IdentitySource) -> Self {
+        self.sources.push(source);
+        self
+    }
+    /// The secret that API keys and bearer tokens are hashed with. Set one per deployment
+    /// (the same on every instance, or identities will not match across them).
+    pub fn hash_key(mut self, key: [u8; 32]) -> Self {
+        self.hash_key = key;
+        self
+    }
+    /// All client IP settings at once.
+    pub fn client_ip(mut self, config: ClientIpConfig) -> Self {
+        self.client_ip = config;
+        self
+    }
+    /// Which socket peers may set `Forwarded` / `X-Forwarded-For` / `X-Real-IP`.
+    pub fn trusted_proxies(mut self, trusted: TrustedProxies) -> Self {
+        self.client_ip.trusted = trusted;
+        self
+    }
+    /// The prefix IPv6 clients are grouped by (default 64).
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.client_ip.ipv6_prefix = bits.min(128);
+        self
+    }
+    /// Which informational headers to send (default: the draft's `RateLimit` fields only).
+    pub fn headers(mut self, options: HeaderOptions) -> Self {
+        self.headers = options;
+        self
+    }
+    /// The status answered when the store fails and a policy fails closed: 503 (default,
+    /// the server cannot decide) or 429 (for clients that only back off on 429).
+    pub fn fail_closed_status(mut self, status: StatusCode) -> Self {
+        self.fail_closed_status = status;
+        self
+    }
+    /// Builds the layer.
+    pub fn build(self) -> RateLimitLayer {
+        let mut rules = self.rules;
+        // Longest prefix first; for equal prefixes, rules naming methods first.
+        rules.sort_by(|a, b| {
+            b.prefix
+                .len()
+                .cmp(&a.prefix.len())
+                .then(a.methods.is_empty().cmp(&b.methods.is_empty()))
+        });
+        RateLimitLayer {
+            shared: Arc::new(Shared {
+                limiter: self.limiter,
+                rules,
+                resolver: IdentityResolver::new(self.sources, self.hash_key, self.client_ip),
+                headers: self.headers,
+                fail_closed_status: self.fail_closed_status,
+                stats: Arc::new(RateLimitStats::default()),
+            }),
+        }
+    }
+}
+
+/// A tower layer that rate-limits HTTP requests with a [`Limiter`].
+///
+/// ```no_run
+/// # async fn f() -> Result<(), Box<dyn std::error::Error>> {
+/// use sluice::{Algorithm, Limiter, Policy, Rate};
+/// use sluice_http::{IdentitySource, RateLimitLayer};
+///
+/// let burst = Policy::new("burst", Algorithm::TokenBucket { capacity: 10, rate: Rate::per_second(5) })?;
+/// let layer = RateLimitLayer::builder(Limiter::memory())
+///     .policy(burst)
+///     .identity(IdentitySource::api_key("x-api-key"))
+///     .build();
+/// let app: axum::Router = axum::Router::new()
+///     .route("/hello", axum::routing::get(|| async { "hi" }))
+///     .layer(layer);
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct RateLimitLayer {
+    shared: Arc<Shared>,
+}
+
+impl RateLimitLayer {
+    /// A builder on `limiter`, with no rules yet.
+    pub fn builder(limiter: Limiter) -> RateLimitLayerBuilder {
+        RateLimitLayerBuilder {
+            limiter,
+            rules: Vec::new(),
+            sources: Vec::new(),
+            hash_key: sluice::core::key::default_hash_key(),
+            client_ip: ClientIpConfig::default(),
+            headers: HeaderOptions::default(),
+            fail_closed_status: StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// What the layer (and every service it made) has done so far.
+    pub fn stats(&self) -> Arc<RateLimitStats> {
+        Arc::clone(&self.shared.stats)
+    }
+
+    /// The identity resolver, for code that needs the same identities outside the layer.
+    pub fn identity_resolver(&self) -> &IdentityResolver {
+        &self.shared.resolver
+    }
+}
+
+impl<S> tower::Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+    fn layer(&self, inner: S) -> RateLimit<S> {
+        RateLimit {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// The rate-limiting service made by [`RateLimitLayer`].
+#[derive(Debug, Clone)]
+pub struct RateLimit<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+/// Holds concurrency leases and releases them when dropped (on a spawned task, since `Drop`
+/// cannot wait). Outside a tokio runtime the leases are left to expire.
+#[derive(Debug)]
+pub struct LeaseGuard {
+    limiter: Limiter,
+    leases: Vec<Lease>,
+}
+
+impl LeaseGuard {
+    /// A guard over `leases`.
+    pub fn new(limiter: Limiter, leases: Vec<Lease>) -> Self {
+        Self { limiter, leases }
+    }
+}
+
+impl Drop for LeaseGuard {
+    fn drop(&mut self) {
+        if self.leases.is_empty() {
+            return;
+        }
+        let leases = std::mem::take(&mut self.leases);
+        let limiter = self.limiter.clone();
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move {
+                for lease in &leases {
+                    if let Err(e) = limiter.release(lease).await {
+                        tracing::debug!(error = %e, key = %lease.key, "lease release failed; it will expire");
+                    }
+                }
+            });
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The response body of [`RateLimit`]: the inner service's body (holding the request's
+    /// concurrency leases until it ends), or the layer's own problem+json denial.
+    ///
+    /// It is an `http_body::Body<Data = Bytes>` whose error is the inner body's, so axum
+    /// (`Response<RateLimitBody<axum::body::Body>>: IntoResponse`) and hyper serve it as is.
+    pub struct RateLimitBody<B> {
+        #[pin]
+        kind: Kind<B>,
+        guard: Option<LeaseGuard>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    #[project = KindProj]
+    enum Kind<B> {
+        Inner { #[pin] body: B },
+        Full { data: Option<Bytes> },
+    }
+}
+
+impl<B> std::fmt::Debug for RateLimitBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RateLimitBody")
+            .field("holds_leases", &self.guard.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B> RateLimitBody<B> {
+    fn inner(body: B, guard: Option<LeaseGuard>) -> Self {
+        Self {
+            kind: Kind::Inner { body },
+            guard,
+        }
+    }
+    fn full(data: Bytes) -> Self {
+        Self {
+            kind: Kind::Full { data: Some(data) },
+            guard: None,
+        }
+    }
+}
+
+impl<B: Body<Data = Bytes>> Body for RateLimitBody<B> {
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.project();
+        match this.kind.project() {
+            KindProj::Inner { body } => {
+                let frame = ready!(body.poll_frame(cx));
+                if !matches!(frame, Some(Ok(_))) {
+                    // The body ended or failed: the request is over.
+                    this.guard.take();
+                }
+                Poll::Ready(frame)
+            }
+            KindProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.kind {
+            Kind::Inner { body } => body.is_end_stream(),
+            Kind::Full { data } => data.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.kind {
+            Kind::Inner { body } => body.size_hint(),
+            Kind::Full { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+
+impl<S, ReqB, ResB> tower::Service<Request<ReqB>> for RateLimit<S>
+where
+    S: tower::Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: 'static,
+    ReqB: Send + 'static,
+    ResB: Body<Data = Bytes> + Send + 'static,
+{
+    type Response = Response<RateLimitBody<ResB>>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        // The service that was polled ready handles this request; the clone stays for the next.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let shared = Arc::clone(&self.shared);
+        Box::pin(async move {
+            let Some(rule) = shared.rule(req.method(), req.uri().path()) else {
+                shared.stats.count(&shared.stats.unlimited, "unlimited");
+                return inner
+                    .call(req)
+                    .await
+                    .map(|res| res.map(|b| RateLimitBody::inner(b, None)));
+            };
+            if rule.policies.is_empty() {
+                shared.stats.count(&shared.stats.unlimited, "unlimited");
+                return inner
+                    .call(req)
+                    .await
+                    .map(|res| res.map(|b| RateLimitBody::inner(b, None)));
+            }
+            let (mut parts, body) = req.into_parts();
+            let identity = shared.resolver.resolve(&parts);
+            let mut checked = {
+                let items: Vec<(&Identity, &Arc<Policy>, u64)> = rule
+                    .policies
+                    .iter()
+                    .map(|p| (&identity, p, rule.cost))
+                    .collect();
+                shared.limiter.check_many(&items).await
+            };
+            // From here on, leases are released whatever happens to this future.
+            let guard =
+                LeaseGuard::new(shared.limiter.clone(), std::mem::take(&mut checked.leases));
+
+            if !checked.allowed {
+                let res = if matches!(checked.verdict, Verdict::FailedClosed(_)) {
+                    shared
+                        .stats
+                        .count(&shared.stats.failed_closed, "failed_closed");
+                    headers::store_unavailable(&checked, shared.fail_closed_status)
+                } else {
+                    shared.stats.count(&shared.stats.denied, "denied");
+                    headers::too_many_requests(&checked, &shared.headers)
+                };
+                return Ok(res.map(|full| RateLimitBody::full(full_bytes(full))));
+            }
+            if matches!(checked.verdict, Verdict::FailedOpen(_)) {
+                shared.stats.count(&shared.stats.failed_open, "failed_open");
+            } else {
+                shared.stats.count(&shared.stats.allowed, "allowed");
+            }
+
+            let delay = checked.delay_ms();
+            if delay > 0 {
+                tokio::time::sleep(Duration::from_millis(delay)).await;
+            }
+            parts.extensions.insert(RateLimitIdentity(identity));
+            let mut res = inner.call(Request::from_parts(parts, body)).await?;
+            headers::insert_rate_limit_headers(&checked, &shared.headers, res.headers_mut());
+            let guard = (!guard.leases.is_empty()).then_some(guard);
+            Ok(res.map(|b| RateLimitBody::inner(b, guard)))
+        })
+    }
+}
+
+/// The bytes of a `Full` body built by [`headers`] (it holds exactly one data frame).
+fn full_bytes(full: http_body_util::Full<Bytes>) -> Bytes {
+    let mut full = std::pin::pin!(full);
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    match full.as_mut().poll_frame(&mut cx) {
+        Poll::Ready(Some(Ok(frame))) => frame.into_data().unwrap_or_default(),
+        _ => Bytes::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_match_by_segment() {
+        assert!(prefix_matches("/", "/anything"));
+        assert!(prefix_matches("/api", "/api"));
+        assert!(prefix_matches("/api", "/api/x"));
+        assert!(!prefix_matches("/api", "/apix"));
+        assert!(prefix_matches("/api/", "/api/x"));
+        assert!(!prefix_matches("/api/x", "/api"));
+    }
+
+    #[test]
+    fn longest_prefix_then_method_wins() {
+        let p = |n: &str| {
+            Policy::new(
+                n,
+                sluice::Algorithm::FixedWindow {
+                    limit: 1,
+                    window_ms: 1000,
+                },
+            )
+            .unwrap()
+        };
+        let layer = RateLimitLayer::builder(Limiter::memory())
+            .policy(p("all"))
+            .rule(Rule::new("/api").policy(p("api")))
+            .rule(
+                Rule::new("/api")
+                    .methods([Method::POST])
+                    .policy(p("api-post")),
+            )
+            .rule(Rule::new("/api/health"))
+            .build();
+        let name = |m: Method, path: &str| {
+            layer.shared.rule(&m, path).map(|r| {
+                r.policies
+                    .first()
+                    .map(|p| p.name.clone())
+                    .unwrap_or_default()
+            })
+        };
+        assert_eq!(name(Method::GET, "/x").as_deref(), Some("all"));
+        assert_eq!(name(Method::GET, "/api/v1").as_deref(), Some("api"));
+        assert_eq!(name(Method::POST, "/api/v1").as_deref(), Some("api-post"));
+        assert_eq!(name(Method::GET, "/api/health").as_deref(), Some(""));
+    }
+}
