@@ -3,8 +3,10 @@
 -- Integer arithmetic on Lua doubles: every value sluice passes is below 2^53, where doubles
 -- are exact; divisions are corrected to the exact floor/ceil. Values are written with %d so
 -- no precision is lost to Lua's default %.14g formatting.
-local floor = math.floor
--- Looked up at call time: a function library cannot reach redis.call while it loads.
+local function floor(x)
+  return math.floor(x)
+end
+-- Looked up at call time: a function library cannot reach redis.call or math while it loads.
 local function call(...)
   return redis.call(...)
 end

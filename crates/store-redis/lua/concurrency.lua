@@ -11,16 +11,17 @@ CHECK.cc = function(key, now, cost, limit, lease_ms, _, _, token)
   local raw, wrong = zentries(key)
   local expired = 0
   local in_flight = 0
-  local earliest, latest = nil, nil
+  local latest = nil
+  local exps, costs = {}, {}
   for i = 1, #raw, 2 do
     local exp = tonumber(raw[i + 1])
     if exp <= now_ms then
       expired = expired + 1
     else
-      in_flight = in_flight + member_cost(raw[i])
-      if earliest == nil then
-        earliest = exp
-      end
+      local c = member_cost(raw[i])
+      in_flight = in_flight + c
+      exps[#exps + 1] = exp
+      costs[#costs + 1] = c
       latest = exp
     end
   end
@@ -40,7 +41,17 @@ CHECK.cc = function(key, now, cost, limit, lease_ms, _, _, token)
     return too_costly(limit, remaining_of(in_flight), reset_of(latest))
   end
   if in_flight + cost > limit then
-    return limited(limit, remaining_of(in_flight), earliest - now_ms, reset_of(latest))
+    -- The first lease, soonest expiry first, whose lapse frees enough (an upper bound: a
+    -- release may free capacity sooner).
+    local held, retry = in_flight, 0
+    for i = 1, #exps do
+      held = held - costs[i]
+      if held + cost <= limit then
+        retry = exps[i] - now_ms
+        break
+      end
+    end
+    return limited(limit, remaining_of(in_flight), retry, reset_of(latest))
   end
   if cost == 0 then
     return allow(limit, remaining_of(in_flight), reset_of(latest))

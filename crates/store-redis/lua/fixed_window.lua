@@ -4,14 +4,21 @@
 -- Redis commands per decision: GET, then SET PX when admitted with cost > 0 (2 at most).
 CHECK.fw = function(key, now, cost, limit, w)
   local now_ms = floor(now / 1000)
-  local start = fdiv(now_ms, w) * w
-  local count = 0
+  local stored, count = nil, 0
   local v = get_string(key)
   if v then
     local s, c = string.match(v, '^f(%d+):(%d+)$')
-    if s and tonumber(s) == start then
-      count = tonumber(c)
+    if s then
+      stored, count = tonumber(s), tonumber(c)
+      -- A clock behind the stored window stands at its start: nothing is refunded.
+      if stored > now_ms then
+        now_ms = stored
+      end
     end
+  end
+  local start = fdiv(now_ms, w) * w
+  if stored ~= start then
+    count = 0
   end
   local left = start + w - now_ms
   local function reset_of(c)

@@ -6,20 +6,25 @@
 -- Redis commands per decision: GET, then SET PX when admitted with cost > 0 (2 at most).
 CHECK.swc = function(key, now, cost, limit, w)
   local now_ms = floor(now / 1000)
-  local start = fdiv(now_ms, w) * w
-  local e = now_ms - start
-  local curr, prev = 0, 0
+  local stored, sc, sp = nil, 0, 0
   local v = get_string(key)
   if v then
     local s, c, pr = string.match(v, '^s(%d+):(%d+):(%d+)$')
     if s then
-      s = tonumber(s)
-      if s == start then
-        curr, prev = tonumber(c), tonumber(pr)
-      elseif s == start - w then
-        curr, prev = 0, tonumber(c)
+      stored, sc, sp = tonumber(s), tonumber(c), tonumber(pr)
+      -- A clock behind the stored window stands at its start: nothing is refunded.
+      if stored > now_ms then
+        now_ms = stored
       end
     end
+  end
+  local start = fdiv(now_ms, w) * w
+  local e = now_ms - start
+  local curr, prev = 0, 0
+  if stored == start then
+    curr, prev = sc, sp
+  elseif stored == start - w then
+    prev = sc
   end
   local weighted = fdiv(prev * (w - e), w)
   local estimate = weighted + curr

@@ -8,7 +8,7 @@ pub(crate) const ROW: usize = 7;
 
 /// The GCRA emission interval in µs, as `docs/algorithms.md` defines it.
 pub(crate) fn emission_interval_us(amount: u64, per_ms: u64) -> u64 {
-    (per_ms as u128 * 1000 / amount.max(1) as u128) as u64
+    (per_ms as u128 * 1000 / amount.max(1) as u128).max(1) as u64
 }
 
 /// Appends the 7 arguments of one item: code, cost, p1..p4, token.

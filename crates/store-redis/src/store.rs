@@ -111,6 +111,7 @@ impl Conn {
             Conn::Single(c) => c.clone().req_packed_command(cmd).await,
             Conn::Cluster(c) => c.clone().req_packed_command(cmd).await,
         }
+        .and_then(Value::extract_error)
     }
 }
 
