@@ -33,8 +33,9 @@ pub fn decide(state: Option<&State>, rate: Rate, burst: u64, now: Timestamp, cos
     let increment = t * cost as i128;
     let limit = burst + 1;
     let now_i = now as i128;
-    let tat = state.map_or(now_i, |s| s.tat as i128);
-    let new_tat = now_i.max(tat) + increment;
+    // A TAT in the past means the same as none (redis-cell's key would have expired then).
+    let tat = state.map_or(now_i, |s| (s.tat as i128).max(now_i));
+    let new_tat = tat + increment;
     let allow_at = new_tat - tolerance;
     let diff = now_i - allow_at;
     let remaining_for = |ttl: i128| {
