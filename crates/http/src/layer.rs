@@ -395,10 +395,12 @@ impl<B: Body<Data = Bytes>> Body for RateLimitBody<B> {
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let this = self.project();
         match this.kind.project() {
-            KindProj::Inner { body } => {
-                let frame = ready!(body.poll_frame(cx));
-                if !matches!(frame, Some(Ok(_))) {
-                    // The body ended or failed: the request is over.
+            KindProj::Inner { mut body } => {
+                let frame = ready!(body.as_mut().poll_frame(cx));
+                // The body ended or failed (or this is its last frame): the request is over.
+                // Releasing before the last bytes are written lets a client that sends its
+                // next request as soon as this one completes find the capacity free.
+                if !matches!(frame, Some(Ok(_))) || body.is_end_stream() {
                     this.guard.take();
                 }
                 Poll::Ready(frame)
