@@ -155,13 +155,13 @@ proptest! {
                 prop_assert_eq!(di.delay_ms, 0);
             }
             let (mut sum, mut before_j) = (0, 0);
-            for j in i..adm.len() {
-                sum += adm[j].1;
-                let t = adm[j].0 / 1000 - ti / 1000;
+            for (j, (tj, cj, dj)) in adm.iter().enumerate().skip(i) {
+                sum += cj;
+                let t = tj / 1000 - ti / 1000;
                 prop_assert!(sum * p <= capacity * p + r * t, "{sum} admitted in {t} ms");
                 if shaping && j > i {
                     // Request j leaves after everything admitted from i on has drained.
-                    let (ri, rj) = (ti / 1000 + di.delay_ms, adm[j].0 / 1000 + adm[j].2.delay_ms);
+                    let (ri, rj) = (ti / 1000 + di.delay_ms, tj / 1000 + dj.delay_ms);
                     prop_assert!((rj + 1).saturating_sub(ri) * r > before_j * p, "released too early");
                 }
                 before_j = sum;
