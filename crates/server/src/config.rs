@@ -165,8 +165,6 @@ pub struct ProxyConfig {
     pub trusted_proxies: Vec<String>,
     /// Largest time to wait for the upstream's response headers.
     pub upstream_timeout: Option<Duration>,
-    /// Also send `X-RateLimit-*` headers.
-    pub legacy_headers: bool,
 }
 
 /// A checked configuration.
@@ -184,6 +182,10 @@ pub struct Config {
     pub admin_token: Option<String>,
     /// Every policy is shadow: computed and counted, never enforced.
     pub shadow: bool,
+    /// Also send the legacy `X-RateLimit-Limit/Remaining/Reset` headers.
+    pub legacy_headers: bool,
+    /// Files whose changes trigger a reload: this file and the Envoy YAML files.
+    pub watched: Vec<PathBuf>,
     /// Named policies.
     pub policies: BTreeMap<String, PolicyConfig>,
     /// Reverse proxy routes, longest prefix first.
@@ -203,6 +205,7 @@ impl Config {
         })?;
         let mut c = parse(&src, &name, path.parent())?;
         c.path = Some(path.to_path_buf());
+        c.watched.insert(0, path.to_path_buf());
         Ok(c)
     }
 
@@ -225,6 +228,8 @@ impl Config {
 struct RawConfig {
     #[serde(default)]
     shadow: bool,
+    #[serde(default)]
+    legacy_headers: bool,
     admin_token: Option<Spanned<String>>,
     identity_hash_key: Option<Spanned<String>>,
     #[serde(default)]
@@ -298,8 +303,6 @@ struct RawProxy {
     #[serde(default)]
     trusted_proxies: Vec<Spanned<String>>,
     upstream_timeout: Option<Spanned<String>>,
-    #[serde(default)]
-    legacy_headers: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -543,7 +546,7 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
             ck.at(name.span(), &field, e.to_string());
             continue;
         }
-        if let Some(pc) = check_policy(&mut ck, n, p, default_failure) {
+        if let Some(pc) = check_policy(&mut ck, n, p, default_failure, raw.shadow) {
             policies.insert(n.clone(), pc);
         }
     }
@@ -622,12 +625,14 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
         domain_files.push(d.get_ref().clone());
     }
     let mut yaml_errors = Vec::new();
+    let mut watched = Vec::new();
     for f in &raw.envoy.files {
         let rel = Path::new(f.get_ref());
         let path = match dir {
             Some(d) if rel.is_relative() => d.join(rel),
             _ => rel.to_path_buf(),
         };
+        watched.push(path.clone());
         match std::fs::read_to_string(&path) {
             Err(e) => ck.at(f.span(), "envoy.files", format!("{}: {e}", path.display())),
             Ok(text) => match load_domain_yaml(&text, &path.display().to_string()) {
@@ -636,7 +641,7 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
             },
         }
     }
-    let domains = match Domains::compile(&domain_files) {
+    let domains = match Domains::compile(&domain_files, raw.shadow) {
         Ok(d) => d,
         Err(e) => {
             let span = raw.envoy.domains.first().map(|d| d.span()).or_else(|| raw.envoy.files.first().map(|f| f.span())).unwrap_or(0..0);
@@ -666,9 +671,11 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
         identity_hash_key,
         admin_token,
         shadow: raw.shadow,
+        legacy_headers: raw.legacy_headers,
+        watched,
         policies,
         routes,
-        proxy: ProxyConfig { trusted_proxies: trusted, upstream_timeout, legacy_headers: raw.proxy.legacy_headers },
+        proxy: ProxyConfig { trusted_proxies: trusted, upstream_timeout },
         domains: Arc::new(domains),
     })
 }
@@ -690,7 +697,13 @@ pub fn load_domain_yaml(text: &str, file: &str) -> Result<DomainFile, ConfigErro
     })
 }
 
-fn check_policy(ck: &mut Checker<'_>, name: &str, p: &Spanned<RawPolicy>, default_failure: FailureMode) -> Option<PolicyConfig> {
+fn check_policy(
+    ck: &mut Checker<'_>,
+    name: &str,
+    p: &Spanned<RawPolicy>,
+    default_failure: FailureMode,
+    global_shadow: bool,
+) -> Option<PolicyConfig> {
     let f = |k: &str| format!("policies.{name}.{k}");
     let r = p.get_ref();
     let header = p.span();
@@ -827,7 +840,7 @@ fn check_policy(ck: &mut Checker<'_>, name: &str, p: &Spanned<RawPolicy>, defaul
     if ck.errors.len() != before {
         return None;
     }
-    let policy = Policy { name: name.to_string(), algorithm, failure_mode: failure, shadow: r.shadow, shards };
+    let policy = Policy { name: name.to_string(), algorithm, failure_mode: failure, shadow: r.shadow || global_shadow, shards };
     Some(PolicyConfig { policy: Arc::new(policy), identity })
 }
 

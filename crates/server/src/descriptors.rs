@@ -375,6 +375,7 @@ struct Node {
 #[derive(Debug, Default)]
 pub struct Domains {
     roots: HashMap<String, Node>,
+    global_shadow: bool,
 }
 
 /// Characters allowed in policy names.
@@ -408,7 +409,8 @@ pub fn build_policy(name: Option<&str>, alg: EnvoyAlgorithm, rpu: u32, unit: Uni
 
 impl Domains {
     /// Compiles domain files. Errors name the duplicate domain.
-    pub fn compile(files: &[DomainFile]) -> Result<Domains, String> {
+    /// With `global_shadow`, every limit is in shadow mode.
+    pub fn compile(files: &[DomainFile], global_shadow: bool) -> Result<Domains, String> {
         let mut roots = HashMap::new();
         for f in files {
             if f.domain.is_empty() {
@@ -418,10 +420,10 @@ impl Domains {
                 return Err(format!("duplicate domain {:?}", f.domain));
             }
             let mut root = Node::default();
-            load(&mut root, &f.domain, &f.descriptors.0);
+            load(&mut root, &f.domain, &f.descriptors.0, global_shadow);
             roots.insert(f.domain.clone(), root);
         }
-        Ok(Domains { roots })
+        Ok(Domains { roots, global_shadow })
     }
 
     /// The domain names.
@@ -466,23 +468,24 @@ impl Domains {
     }
 }
 
-fn load(node: &mut Node, parent: &str, descriptors: &[DescriptorFile]) {
+fn load(node: &mut Node, parent: &str, descriptors: &[DescriptorFile], global_shadow: bool) {
     for d in descriptors {
+        let shadow = d.shadow_mode || global_shadow;
         let ck = d.composite_key();
         let full_key = format!("{parent}.{ck}");
         let limit = d.rate_limit.as_ref().map(|rl| {
-            let policy = rl.limit.and_then(|(rpu, unit)| build_policy(rl.name.as_deref(), rl.algorithm, rpu, unit, d.shadow_mode));
+            let policy = rl.limit.and_then(|(rpu, unit)| build_policy(rl.name.as_deref(), rl.algorithm, rpu, unit, shadow));
             Arc::new(Limit {
                 full_key: full_key.clone(),
                 name: rl.name.clone(),
                 limit: rl.limit,
                 replaces: rl.replaces.clone(),
-                shadow: d.shadow_mode,
+                shadow,
                 policy,
             })
         });
         let mut child = Node { limit, ..Node::default() };
-        load(&mut child, &full_key, &d.descriptors.0);
+        load(&mut child, &full_key, &d.descriptors.0, global_shadow);
         if let Some(prefix) = ck.strip_suffix('*') {
             node.wildcards.push(prefix.to_string());
         }
@@ -561,15 +564,15 @@ pub fn plan(domains: &Domains, domain: &str, request_hits: u32, descriptors: &[R
     for d in descriptors {
         let limit = match d.limit_override {
             // As in the reference service: an override applies within a configured domain,
-            // with no shadow mode and no name.
+            // with no shadow mode (unless everything is shadow) and no name.
             Some((rpu, unit)) if domains.has(domain) => Unit::from_override_proto(unit).map(|unit| {
                 Arc::new(Limit {
                     full_key: format!("{domain}.override"),
                     name: None,
                     limit: Some((rpu, unit)),
                     replaces: vec![],
-                    shadow: false,
-                    policy: build_policy(Some("override"), EnvoyAlgorithm::FixedWindow, rpu, unit, false),
+                    shadow: domains.global_shadow,
+                    policy: build_policy(Some("override"), EnvoyAlgorithm::FixedWindow, rpu, unit, domains.global_shadow),
                 })
             }),
             _ => domains.lookup(domain, &d.entries),
@@ -611,7 +614,7 @@ mod tests {
 
     fn domains(yaml: &str) -> Domains {
         let f: DomainFile = serde_yaml::from_str(yaml).unwrap();
-        Domains::compile(&[f]).unwrap()
+        Domains::compile(&[f], false).unwrap()
     }
 
     const REFERENCE: &str = r#"

@@ -1,5 +1,193 @@
-//! `sluice serve`: the limiter as a standalone service.
+//! `sluice serve`: the limiter as a standalone service, for stacks that do not link Rust.
+//!
+//! One process, three listeners, one configuration file:
+//! - **HTTP** (default `127.0.0.1:8080`): the decision API (`POST /v1/check`, `POST
+//!   /v1/release`, `/openapi.json`) for applications in any language, plus `/metrics`,
+//!   `/healthz`, `/readyz` and `/admin/reload`.
+//! - **gRPC** (default `127.0.0.1:8081`): Envoy's rate limit service and `grpc.health.v1`.
+//! - **Reverse proxy** (default `127.0.0.1:8082`, opened only when routes are configured):
+//!   sluice in front of an upstream, enforcing route policies with the `sluice-http` layer.
+//!
+//! The store is the embedded one unless the file names Redis, Valkey or a Cluster.
+//!
+//! # Layout
+//! - [`config`]: the TOML file, checked with `FILE:LINE: field: message` errors.
+//! - [`descriptors`]: Envoy domains in envoyproxy/ratelimit YAML and descriptor matching (pure).
+//! - [`state`]: the running configuration and limiter, swapped whole on reload; metrics.
+//! - [`api`]: the HTTP listener (decision API, health, metrics, admin).
+//! - [`rls`]: the Envoy `ShouldRateLimit` gRPC service.
+//! - [`proxy`]: the reverse proxy.
+//! - [`reload`]: SIGHUP, file watching, `/admin/reload`.
+//! - [`cli`]: `sluice serve` and `sluice validate` arguments and entry points.
 #![forbid(unsafe_code)]
 
+pub mod api;
+pub mod cli;
 pub mod config;
 pub mod descriptors;
+pub mod proxy;
+pub mod reload;
+pub mod rls;
+pub mod state;
+
+use std::future::Future;
+use std::net::SocketAddr;
+
+use tokio::net::TcpListener;
+
+pub use config::{Config, ConfigError, ConfigErrors};
+pub use state::Shared;
+
+/// Why the server could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The configuration file has errors (each as `FILE:LINE: field: message`).
+    #[error("{0}")]
+    Config(#[from] ConfigErrors),
+    /// The store could not be set up.
+    #[error("store: {0}")]
+    Store(#[from] sluice::StoreError),
+    /// A listener could not be bound or failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// Which listener or operation.
+        what: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The gRPC server failed.
+    #[error("grpc: {0}")]
+    Grpc(#[from] tonic::transport::Error),
+}
+
+/// The bound listeners. Bind them first (port 0 picks a free port), read the addresses, then
+/// hand them to [`run`].
+#[derive(Debug)]
+pub struct Listeners {
+    /// Decision API, metrics, health.
+    pub http: TcpListener,
+    /// Envoy rate limit service.
+    pub grpc: TcpListener,
+    /// Reverse proxy (only when routes are configured).
+    pub proxy: Option<TcpListener>,
+}
+
+/// The addresses the listeners are bound to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BoundAddrs {
+    /// HTTP listener.
+    pub http: SocketAddr,
+    /// gRPC listener.
+    pub grpc: SocketAddr,
+    /// Proxy listener, when open.
+    pub proxy: Option<SocketAddr>,
+}
+
+async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr).await.map_err(|source| ServeError::Io { what: format!("binding the {what} listener to {addr}"), source })
+}
+
+impl Listeners {
+    /// Binds the addresses of `config` (the proxy only when it has routes).
+    pub async fn bind(config: &Config) -> Result<Self, ServeError> {
+        let http = bind(config.server.http, "HTTP").await?;
+        let grpc = bind(config.server.grpc, "gRPC").await?;
+        let proxy = if config.routes.is_empty() { None } else { Some(bind(config.server.proxy, "proxy").await?) };
+        Ok(Self { http, grpc, proxy })
+    }
+
+    /// The bound addresses.
+    pub fn addrs(&self) -> BoundAddrs {
+        let addr = |l: &TcpListener| l.local_addr().expect("bound listener has an address");
+        BoundAddrs { http: addr(&self.http), grpc: addr(&self.grpc), proxy: self.proxy.as_ref().map(addr) }
+    }
+}
+
+/// Runs the service until `shutdown` resolves, then stops accepting, lets requests in flight
+/// finish (up to `server.shutdown_grace`) and returns.
+pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServeError> {
+    let limiter = state::build_limiter(&config).await?;
+    let grace = config.server.shutdown_grace;
+    let shared = Shared::new(config, limiter);
+    run_shared(shared, listeners, shutdown, grace).await
+}
+
+async fn run_shared(
+    shared: Shared,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send,
+    grace: std::time::Duration,
+) -> Result<(), ServeError> {
+    let addrs = listeners.addrs();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stopped = move || {
+        let mut rx = stop_rx.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
+
+    // gRPC: Envoy's rate limit service and health.
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health.set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<rls::RlsService>>().await;
+    let grpc = tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(rls::RlsService::new(shared.clone()).server())
+        .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(listeners.grpc), stopped());
+    let http = api::serve_http(listeners.http, api::router(shared.clone()), stopped());
+    let proxy = async {
+        match listeners.proxy {
+            Some(l) => proxy::serve(l, shared.clone(), stopped()).await,
+            None => Ok(()),
+        }
+    };
+    let watcher = reload::watch(shared.clone(), stopped());
+
+    tracing::info!(http = %addrs.http, grpc = %addrs.grpc, proxy = ?addrs.proxy, store = shared.runtime().limiter.store().kind(), "sluice serving");
+    let servers = async {
+        let (g, h, p, ()) = tokio::join!(grpc, http, proxy, watcher);
+        g?;
+        h.map_err(|source| ServeError::Io { what: "HTTP listener".into(), source })?;
+        p.map_err(|source| ServeError::Io { what: "proxy listener".into(), source })?;
+        Ok::<(), ServeError>(())
+    };
+    tokio::pin!(servers);
+    tokio::select! {
+        r = &mut servers => return r,
+        () = shutdown => {
+            tracing::info!("shutting down: no new connections, finishing requests in flight");
+            health.set_not_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<rls::RlsService>>().await;
+            let _ = stop_tx.send(true);
+        }
+    }
+    match tokio::time::timeout(grace, &mut servers).await {
+        Ok(r) => r,
+        Err(_) => {
+            tracing::warn!("requests still in flight after {grace:?}; stopping anyway");
+            Ok(())
+        }
+    }
+}
+
+/// Resolves on SIGTERM or ctrl-c.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = term => {},
+    }
+}

@@ -1,0 +1,292 @@
+//! The reverse proxy: sluice in front of an upstream (a FastAPI or Express app, anything
+//! speaking HTTP/1.1), enforcing the policies of each route.
+//!
+//! Enforcement is the `sluice-http` tower layer, the same code an axum app links, so a route
+//! behaves exactly like the layer: identities (hashed API keys, bearer tokens, client IP behind
+//! trusted proxies only), 429 with problem+json and `Retry-After`, fail-closed 503, shaping
+//! delays, concurrency leases held until the response body ends, RateLimit headers on admitted
+//! responses. Policies of one route that take their identity from different sources are
+//! separate layers, one inside the other (one all-or-nothing check per identity).
+//!
+//! Forwarding streams both bodies (nothing is buffered), drops hop-by-hop headers, and appends
+//! the client's address to `X-Forwarded-For` so the upstream sees who called. The route
+//! table is rebuilt when the configuration generation changes.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::response::Response;
+use http::header::{CONNECTION, HOST};
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use parking_lot::Mutex;
+use sluice_http::headers::HeaderOptions;
+use sluice_http::{ClientIpConfig, IdentitySource as LayerSource, RateLimitLayer, Rule, TrustedProxies};
+use tower::util::BoxCloneSyncService;
+use tower::{Layer, ServiceExt};
+
+use crate::api::problem;
+use crate::config::{Config, IdentitySource, Route};
+use crate::state::{Runtime, Shared};
+
+type RouteService = BoxCloneSyncService<Request, Response, Infallible>;
+type HttpClient = Client<HttpConnector, Body>;
+
+#[derive(Debug)]
+struct Table {
+    generation: u64,
+    routes: Vec<(Route, RouteService)>,
+}
+
+#[derive(Debug, Clone)]
+struct ProxyState {
+    shared: Shared,
+    client: HttpClient,
+    table: Arc<Mutex<Option<Arc<Table>>>>,
+}
+
+impl ProxyState {
+    fn table(&self, rt: &Runtime) -> Arc<Table> {
+        let mut cached = self.table.lock();
+        if let Some(t) = cached.as_ref().filter(|t| t.generation == rt.generation) {
+            return Arc::clone(t);
+        }
+        let t = Arc::new(build_table(rt, &self.client));
+        *cached = Some(Arc::clone(&t));
+        t
+    }
+}
+
+fn layer_source(config: &Config, s: &IdentitySource) -> Option<LayerSource> {
+    let _ = config;
+    match s {
+        IdentitySource::Ip => None,
+        IdentitySource::ApiKey(h) => Some(LayerSource::ApiKey(h.clone())),
+        IdentitySource::Bearer => Some(LayerSource::Bearer),
+        IdentitySource::Header(h) => {
+            let h = h.clone();
+            Some(LayerSource::custom(move |parts| {
+                parts
+                    .headers
+                    .get(&h)
+                    .and_then(|v| v.to_str().ok())
+                    .filter(|v| !v.is_empty() && v.len() <= sluice::core::key::MAX_IDENTITY_LEN)
+                    .map(|v| sluice::Identity::new(format!("hdr:{v}")))
+            }))
+        }
+        IdentitySource::Global => Some(LayerSource::custom(|_| Some(sluice::Identity::new("global")))),
+    }
+}
+
+fn build_table(rt: &Runtime, client: &HttpClient) -> Table {
+    let config = &rt.config;
+    let trusted = TrustedProxies::cidrs(&config.proxy.trusted_proxies).unwrap_or_default();
+    let client_ip = ClientIpConfig { trusted, ..ClientIpConfig::default() };
+    let headers = HeaderOptions { ratelimit: true, legacy: config.legacy_headers };
+    let mut routes = Vec::with_capacity(config.routes.len());
+    for route in &config.routes {
+        let upstream = route.upstream.clone();
+        let client = client.clone();
+        let timeout = config.proxy.upstream_timeout;
+        let mut service: RouteService = BoxCloneSyncService::new(tower::service_fn(move |req: Request| {
+            let client = client.clone();
+            let upstream = upstream.clone();
+            async move { Ok::<_, Infallible>(forward(&client, &upstream, timeout, req).await) }
+        }));
+        // One layer per identity source, in the order the policies are listed (first is outermost).
+        let mut groups: Vec<(IdentitySource, Vec<Arc<sluice::Policy>>)> = Vec::new();
+        for name in &route.policies {
+            let Some(pc) = config.policies.get(name) else { continue };
+            match groups.iter_mut().find(|g| g.0 == pc.identity) {
+                Some(g) => g.1.push(Arc::clone(&pc.policy)),
+                None => groups.push((pc.identity.clone(), vec![Arc::clone(&pc.policy)])),
+            }
+        }
+        for (source, policies) in groups.into_iter().rev() {
+            let mut rule = Rule::new("/");
+            for p in policies {
+                rule = rule.policy(p);
+            }
+            let mut b = RateLimitLayer::builder(rt.limiter.clone())
+                .rule(rule)
+                .hash_key(config.identity_hash_key)
+                .client_ip(client_ip.clone())
+                .headers(headers);
+            if let Some(s) = layer_source(config, &source) {
+                b = b.identity(s);
+            }
+            let layered = b.build().layer(service);
+            service = BoxCloneSyncService::new(layered.map_response(|res: http::Response<_>| res.map(Body::new)));
+        }
+        routes.push((route.clone(), service));
+    }
+    Table { generation: rt.generation, routes }
+}
+
+fn prefix_matches(prefix: &str, path: &str) -> bool {
+    prefix == "/"
+        || path == prefix
+        || (path.starts_with(prefix) && (prefix.ends_with('/') || path.as_bytes().get(prefix.len()) == Some(&b'/')))
+}
+
+/// Headers that describe one connection, not the message; never forwarded.
+const HOP_BY_HOP: [&str; 8] =
+    ["connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "proxy-authenticate"];
+
+fn strip_hop_by_hop(h: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = h
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for n in listed {
+        h.remove(n);
+    }
+    for n in HOP_BY_HOP {
+        h.remove(n);
+    }
+}
+
+fn upstream_uri(upstream: &Uri, original: &Uri) -> Option<Uri> {
+    let base = upstream.path().trim_end_matches('/');
+    let pq = original.path_and_query().map_or("/", |p| p.as_str());
+    let mut parts = upstream.clone().into_parts();
+    parts.path_and_query = Some(format!("{base}{pq}").parse().ok()?);
+    Uri::from_parts(parts).ok()
+}
+
+async fn forward(client: &HttpClient, upstream: &Uri, timeout: Option<Duration>, req: Request) -> Response {
+    let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0);
+    let (mut parts, body) = req.into_parts();
+    let Some(uri) = upstream_uri(upstream, &parts.uri) else {
+        return problem(StatusCode::BAD_REQUEST, "the request path cannot be forwarded");
+    };
+    strip_hop_by_hop(&mut parts.headers);
+    if let Some(peer) = peer {
+        let ip = peer.ip().to_canonical().to_string();
+        let value = match parts.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+            Some(prev) if !prev.trim().is_empty() => format!("{prev}, {ip}"),
+            _ => ip,
+        };
+        // Several X-Forwarded-For lines are one list; write it back as one.
+        parts.headers.remove("x-forwarded-for");
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            parts.headers.insert("x-forwarded-for", v);
+        }
+    }
+    if let Some(host) = parts.headers.get(HOST).cloned() {
+        parts.headers.insert("x-forwarded-host", host);
+    }
+    parts.headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    parts.uri = uri;
+    parts.version = http::Version::HTTP_11;
+    let out = http::Request::from_parts(parts, body);
+    let sent = client.request(out);
+    let result = match timeout {
+        Some(t) => match tokio::time::timeout(t, sent).await {
+            Ok(r) => r,
+            Err(_) => return problem(StatusCode::GATEWAY_TIMEOUT, &format!("the upstream did not answer within {t:?}")),
+        },
+        None => sent.await,
+    };
+    match result {
+        Ok(res) => {
+            let (mut parts, body) = res.into_parts();
+            strip_hop_by_hop(&mut parts.headers);
+            Response::from_parts(parts, Body::new(body))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, upstream = %upstream, "upstream request failed");
+            problem(StatusCode::BAD_GATEWAY, "the upstream could not be reached")
+        }
+    }
+}
+
+async fn dispatch(State(state): State<ProxyState>, req: Request) -> Response {
+    let rt = state.shared.runtime();
+    let table = state.table(&rt);
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    let found = table
+        .routes
+        .iter()
+        .find(|(r, _)| prefix_matches(&r.prefix, &path) && (r.methods.is_empty() || r.methods.contains(&method)));
+    let Some((route, service)) = found else {
+        metrics::counter!("sluice_proxy_requests_total", "route" => "none", "status" => "404").increment(1);
+        return problem(StatusCode::NOT_FOUND, &format!("no route for {method} {path}"));
+    };
+    let prefix = route.prefix.clone();
+    let res = match service.clone().oneshot(req).await {
+        Ok(r) => r,
+        Err(never) => match never {},
+    };
+    let class = match res.status().as_u16() {
+        429 => "429",
+        s if s < 300 => "2xx",
+        s if s < 400 => "3xx",
+        s if s < 500 => "4xx",
+        _ => "5xx",
+    };
+    metrics::counter!("sluice_proxy_requests_total", "route" => prefix, "status" => class).increment(1);
+    res
+}
+
+/// Serves the proxy on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    shared: Shared,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_secs(5)));
+    let client: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
+    let state = ProxyState { shared, client, table: Arc::new(Mutex::new(None)) };
+    let router = axum::Router::new().fallback(dispatch).with_state(state);
+    axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_paths_keep_the_base() {
+        let up: Uri = "http://127.0.0.1:9/base/".parse().unwrap();
+        let u = upstream_uri(&up, &"/api/x?y=1".parse().unwrap()).unwrap();
+        assert_eq!(u.to_string(), "http://127.0.0.1:9/base/api/x?y=1");
+        let up: Uri = "http://127.0.0.1:9".parse().unwrap();
+        assert_eq!(upstream_uri(&up, &"/".parse().unwrap()).unwrap().to_string(), "http://127.0.0.1:9/");
+    }
+
+    #[test]
+    fn hop_by_hop_headers_are_dropped() {
+        let mut h = HeaderMap::new();
+        h.insert(CONNECTION, HeaderValue::from_static("close, x-private"));
+        h.insert("x-private", HeaderValue::from_static("1"));
+        h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1);
+        assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn prefixes_match_by_segment() {
+        assert!(prefix_matches("/api", "/api"));
+        assert!(prefix_matches("/api", "/api/x"));
+        assert!(!prefix_matches("/api", "/apix"));
+        assert!(prefix_matches("/", "/anything"));
+        assert!(prefix_matches("/api/", "/api/x"));
+    }
+}

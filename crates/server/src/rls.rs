@@ -1,0 +1,190 @@
+//! The Envoy rate limit service: `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`.
+//!
+//! Envoy's `envoy.filters.http.ratelimit` filter (and the network filter) send a domain and a
+//! list of descriptors; [`crate::descriptors::plan`] finds each one's limit and this module
+//! asks the limiter, in one all-or-nothing `check_many`, then answers with a status per
+//! descriptor. Every status is filled (code, current_limit, limit_remaining,
+//! duration_until_reset) so Envoy can emit its own `x-ratelimit-*` headers, and
+//! `response_headers_to_add` carries the draft RateLimit fields and `Retry-After`.
+//!
+//! When the store does not answer the call fails with `UNAVAILABLE` instead of guessing:
+//! Envoy's own `failure_mode_deny` then decides, which is where that choice belongs for
+//! traffic behind Envoy.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue as EnvoyHeader;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use sluice::{DenyReason, Identity, Policy, Verdict};
+use sluice_http::headers::{HeaderOptions, rate_limit_headers};
+use tonic::{Request, Response, Status};
+
+use crate::descriptors::{Limit, Plan, RequestDescriptor, plan};
+use crate::state::Shared;
+
+/// The most descriptors accepted in one call.
+pub const MAX_DESCRIPTORS: usize = 64;
+
+/// The gRPC service.
+#[derive(Debug, Clone)]
+pub struct RlsService {
+    shared: Shared,
+}
+
+impl RlsService {
+    /// A service answering from `shared`'s current configuration.
+    pub fn new(shared: Shared) -> Self {
+        Self { shared }
+    }
+
+    /// The tonic server wrapping it.
+    pub fn server(self) -> RateLimitServiceServer<Self> {
+        RateLimitServiceServer::new(self)
+    }
+}
+
+fn proto_duration(ms: u64) -> ProtoDuration {
+    ProtoDuration { seconds: (ms / 1000) as i64, nanos: ((ms % 1000) * 1_000_000) as i32 }
+}
+
+fn current_limit(limit: &Limit) -> Option<RateLimit> {
+    limit.limit.map(|(rpu, unit)| RateLimit {
+        name: limit.name.clone().unwrap_or_default(),
+        requests_per_unit: rpu,
+        unit: unit.response_proto(),
+    })
+}
+
+fn ok_status(remaining: u32) -> DescriptorStatus {
+    DescriptorStatus { code: Code::Ok as i32, limit_remaining: remaining, ..Default::default() }
+}
+
+#[tonic::async_trait]
+impl RateLimitService for RlsService {
+    async fn should_rate_limit(&self, request: Request<RateLimitRequest>) -> Result<Response<RateLimitResponse>, Status> {
+        let req = request.into_inner();
+        if req.descriptors.len() > MAX_DESCRIPTORS {
+            return Err(Status::invalid_argument(format!("at most {MAX_DESCRIPTORS} descriptors per request")));
+        }
+        let rt = self.shared.runtime();
+        let descriptors: Vec<RequestDescriptor<'_>> = req
+            .descriptors
+            .iter()
+            .map(|d| RequestDescriptor {
+                entries: d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect(),
+                limit_override: d.limit.map(|l| (l.requests_per_unit, l.unit)),
+                // A refund (is_negative_hits) cannot be expressed by every algorithm: only check.
+                hits_addend: if d.is_negative_hits { Some(0) } else { d.hits_addend.as_ref().map(|h| h.value) },
+            })
+            .collect();
+        let plans = plan(&rt.config.domains, &req.domain, req.hits_addend, &descriptors);
+        // Metric labels only carry configured domains: the request's own is unbounded.
+        let domain_label = if rt.config.domains.has(&req.domain) { req.domain.clone() } else { "unknown".to_string() };
+
+        // One all-or-nothing check for every descriptor that has a limit.
+        let checks: Vec<(usize, &Identity, &Arc<Policy>, u64)> = plans
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| match p {
+                Plan::Check { limit, identity, cost } => limit.policy.as_ref().map(|pol| (i, identity, pol, *cost)),
+                _ => None,
+            })
+            .collect();
+        let items: Vec<(&Identity, &Arc<Policy>, u64)> = checks.iter().map(|&(_, id, p, c)| (id, p, c)).collect();
+        let checked = if items.is_empty() { None } else { Some(rt.limiter.check_many(&items).await) };
+        if let Some(c) = &checked {
+            if let Verdict::FailedOpen(e) | Verdict::FailedClosed(e) = &c.verdict {
+                metrics::counter!("sluice_rls_requests_total", "domain" => domain_label, "code" => "unavailable")
+                    .increment(1);
+                return Err(Status::unavailable(format!("rate limit store: {e}")));
+            }
+        }
+
+        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let mut statuses = Vec::with_capacity(plans.len());
+        let mut over = false;
+        for (i, p) in plans.iter().enumerate() {
+            let status = match p {
+                Plan::NoLimit => ok_status(0),
+                Plan::Unlimited => ok_status(u32::MAX),
+                Plan::Zero(limit) => {
+                    let unit_ms = limit.limit.map_or(1000, |(_, u)| u.ms());
+                    let code = if limit.shadow { Code::Ok } else { Code::OverLimit };
+                    DescriptorStatus {
+                        code: code as i32,
+                        current_limit: current_limit(limit),
+                        limit_remaining: 0,
+                        duration_until_reset: Some(proto_duration(unit_ms - now_ms % unit_ms)),
+                        ..Default::default()
+                    }
+                }
+                Plan::Check { limit, .. } => {
+                    let pos = checks.iter().position(|c| c.0 == i);
+                    let decision = pos.and_then(|k| checked.as_ref()?.limits.get(k)?.decision.as_ref());
+                    match decision {
+                        None => DescriptorStatus { current_limit: current_limit(limit), ..ok_status(0) },
+                        Some(d) => {
+                            let denied = !d.allowed && d.reason != Some(DenyReason::OtherLimitDenied);
+                            let code = if denied && !limit.shadow { Code::OverLimit } else { Code::Ok };
+                            let until = if denied { d.reset_after_ms.max(d.retry_after_ms) } else { d.reset_after_ms };
+                            DescriptorStatus {
+                                code: code as i32,
+                                current_limit: current_limit(limit),
+                                limit_remaining: d.remaining.min(u64::from(u32::MAX)) as u32,
+                                duration_until_reset: Some(proto_duration(until)),
+                                ..Default::default()
+                            }
+                        }
+                    }
+                }
+            };
+            over |= status.code == Code::OverLimit as i32;
+            statuses.push(status);
+        }
+
+        let mut headers = Vec::new();
+        if let Some(c) = &checked {
+            let opts = HeaderOptions { ratelimit: true, legacy: rt.config.legacy_headers };
+            for (n, v) in rate_limit_headers(c, &opts) {
+                // The draft's Retry-After belongs to denials only; Envoy decides those here.
+                if n == http::header::RETRY_AFTER && !over {
+                    continue;
+                }
+                headers.push(EnvoyHeader {
+                    key: crate::api::display_header_name(n.as_str()),
+                    value: v.to_str().unwrap_or("").to_string(),
+                    raw_value: Vec::new(),
+                });
+            }
+        }
+        if over && !headers.iter().any(|h| h.key == "Retry-After") {
+            let wait = statuses
+                .iter()
+                .filter(|s| s.code == Code::OverLimit as i32)
+                .filter_map(|s| s.duration_until_reset.as_ref())
+                .map(|d| d.seconds as u64 * 1000 + (d.nanos as u64).div_ceil(1_000_000))
+                .max()
+                .unwrap_or(1000);
+            headers.push(EnvoyHeader {
+                key: "Retry-After".into(),
+                value: sluice_http::headers::retry_after_secs(wait).to_string(),
+                raw_value: Vec::new(),
+            });
+        }
+        let overall = if over { Code::OverLimit } else { Code::Ok };
+        metrics::counter!("sluice_rls_requests_total", "domain" => domain_label, "code" => if over { "over_limit" } else { "ok" })
+            .increment(1);
+        Ok(Response::new(RateLimitResponse {
+            overall_code: overall as i32,
+            statuses,
+            response_headers_to_add: headers,
+            ..Default::default()
+        }))
+    }
+}
