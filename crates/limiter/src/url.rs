@@ -85,9 +85,8 @@ impl StoreUrl {
         match self {
             StoreUrl::Memory => Ok(Arc::new(sluice_memory::MemoryStore::builder().max_keys(options.max_keys).build())),
             StoreUrl::Redis(url) => {
-                // Wired to sluice-redis once it lands.
-                let _ = url;
-                Err(StoreError::Invalid("redis store not built yet".into()))
+                let options = sluice_redis::RedisOptions { timeout: options.timeout, ..Default::default() };
+                Ok(Arc::new(sluice_redis::connect(url, options).await?))
             }
         }
     }
