@@ -102,6 +102,13 @@ fn put_u64(buf: &mut BytesMut, mut n: u64) {
     buf.put_slice(&digits[i..]);
 }
 
+/// Decimal text of `n` (for the rare paths that want a `String`).
+fn itoa_u64(n: u64) -> String {
+    let mut b = BytesMut::with_capacity(20);
+    put_u64(&mut b, n);
+    String::from_utf8_lossy(&b).into_owned()
+}
+
 /// A header value from bytes known to be visible ASCII (names are validated policy names,
 /// the rest digits and punctuation).
 fn value(bytes: Bytes) -> HeaderValue {
@@ -267,22 +274,26 @@ pub fn problem_json(
     policy: Option<&str>,
     retry_after_ms: Option<u64>,
 ) -> Bytes {
-    let mut doc = serde_json::Map::new();
-    // "about:blank": the status code says it all; the title is then the status phrase.
-    doc.insert("type".into(), "about:blank".into());
-    doc.insert(
-        "title".into(),
-        status.canonical_reason().unwrap_or("Error").into(),
-    );
-    doc.insert("status".into(), status.as_u16().into());
-    doc.insert("detail".into(), detail.into());
+    // Written by hand to keep the members in the RFC's order; strings go through serde_json
+    // for escaping. "about:blank": the status code says it all, the title is its phrase.
+    let quote = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
+    let mut doc = String::with_capacity(160 + detail.len());
+    doc.push_str("{\"type\":\"about:blank\",\"title\":");
+    doc.push_str(&quote(status.canonical_reason().unwrap_or("Error")));
+    doc.push_str(",\"status\":");
+    doc.push_str(&itoa_u64(u64::from(status.as_u16())));
+    doc.push_str(",\"detail\":");
+    doc.push_str(&quote(detail));
     if let Some(p) = policy {
-        doc.insert("policy".into(), p.into());
+        doc.push_str(",\"policy\":");
+        doc.push_str(&quote(p));
     }
     if let Some(ms) = retry_after_ms {
-        doc.insert("retry_after_ms".into(), ms.into());
+        doc.push_str(",\"retry_after_ms\":");
+        doc.push_str(&itoa_u64(ms));
     }
-    Bytes::from(serde_json::Value::Object(doc).to_string())
+    doc.push('}');
+    Bytes::from(doc)
 }
 
 /// The policy a denial is reported under: the enforced denial with the longest wait, else
@@ -520,6 +531,16 @@ mod tests {
         assert_eq!(body["policy"], "daily");
         assert_eq!(body["retry_after_ms"], 2500);
         assert!(body["detail"].as_str().unwrap().contains("daily"));
+        let doc = problem_json(
+            StatusCode::TOO_MANY_REQUESTS,
+            "say \"hi\"",
+            Some("p"),
+            Some(7),
+        );
+        assert_eq!(
+            &doc[..],
+            br#"{"type":"about:blank","title":"Too Many Requests","status":429,"detail":"say \"hi\"","policy":"p","retry_after_ms":7}"#
+        );
     }
 
     #[test]
