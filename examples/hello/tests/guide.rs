@@ -169,3 +169,34 @@ async fn the_binary_serves_hello() {
     );
     child.kill().await.unwrap();
 }
+
+/// The same sequence with the state in a real Redis, chosen by URL as `--store` does.
+#[tokio::test]
+async fn the_guide_sequence_on_redis() {
+    let server = sluice_testkit::servers::RedisServer::redis();
+    let limiter = Limiter::connect(&server.url(), sluice::StoreOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(limiter.store().kind(), "redis");
+    let addr = start(Some(limiter), Limits::default()).await;
+    let mut c = connect(addr).await;
+    let mut statuses = Vec::new();
+    let mut last = None;
+    for _ in 0..11 {
+        let res = hello(&mut c, Some("demo")).await;
+        statuses.push(res.status().as_u16());
+        last = Some(res);
+    }
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 200, 200, 200, 200, 200, 200, 200, 429]
+    );
+    let res = last.unwrap();
+    assert_eq!(res.headers()["ratelimit-policy"], "\"burst\";q=10;w=2");
+    assert_eq!(res.headers()["ratelimit"], "\"burst\";r=0;t=2");
+    assert_eq!(res.headers()["retry-after"], "1");
+    // The API key reached Redis only hashed.
+    let keys = server.cli(&["KEYS", "*"]);
+    assert!(keys.contains("rl:{key:h"), "{keys}");
+    assert!(!keys.contains("demo"), "{keys}");
+}
