@@ -25,4 +25,3 @@ pub mod url;
 pub use scripts::{function_library, scripts};
 pub use sharding::shard_algorithm;
 pub use store::{RedisOptions, RedisStore, RedisStoreBuilder, ScriptMode, connect};
-

@@ -1,7 +1,9 @@
 //! Encoding of check items as script arguments, and decoding of the script's reply.
 //! The contract is written on top of `lua/check.lua`.
 
-use sluice_core::{Algorithm, CheckItem, Decision, DenyReason, LeakyMode, LeaseId, MultiDecision, StoreError};
+use sluice_core::{
+    Algorithm, CheckItem, Decision, DenyReason, LeakyMode, LeaseId, MultiDecision, StoreError,
+};
 
 /// Integers per item in the reply.
 pub(crate) const ROW: usize = 7;
@@ -12,16 +14,36 @@ pub(crate) fn emission_interval_us(amount: u64, per_ms: u64) -> u64 {
 }
 
 /// Appends the 7 arguments of one item: code, cost, p1..p4, token.
-pub(crate) fn push_item_args(args: &mut Vec<String>, algorithm: &Algorithm, cost: u64, token: &str) {
+pub(crate) fn push_item_args(
+    args: &mut Vec<String>,
+    algorithm: &Algorithm,
+    cost: u64,
+    token: &str,
+) {
     let (code, p): (&str, [u64; 4]) = match *algorithm {
         Algorithm::TokenBucket { capacity, rate } => {
             let r = rate.reduced();
             ("tb", [capacity, r.amount, r.per_ms, 0])
         }
-        Algorithm::Gcra { rate, burst } => ("gcra", [emission_interval_us(rate.amount, rate.per_ms), burst, 0, 0]),
-        Algorithm::LeakyBucket { capacity, rate, mode } => {
+        Algorithm::Gcra { rate, burst } => (
+            "gcra",
+            [emission_interval_us(rate.amount, rate.per_ms), burst, 0, 0],
+        ),
+        Algorithm::LeakyBucket {
+            capacity,
+            rate,
+            mode,
+        } => {
             let r = rate.reduced();
-            ("lb", [capacity, r.amount, r.per_ms, u64::from(mode == LeakyMode::Shaping)])
+            (
+                "lb",
+                [
+                    capacity,
+                    r.amount,
+                    r.per_ms,
+                    u64::from(mode == LeakyMode::Shaping),
+                ],
+            )
         }
         Algorithm::FixedWindow { limit, window_ms } => ("fw", [limit, window_ms, 0, 0]),
         Algorithm::SlidingWindowCounter { limit, window_ms } => ("swc", [limit, window_ms, 0, 0]),
@@ -36,13 +58,21 @@ pub(crate) fn push_item_args(args: &mut Vec<String>, algorithm: &Algorithm, cost
 
 /// Whether an item stores a unique token (a log entry or a lease) when admitted.
 pub(crate) fn needs_token(algorithm: &Algorithm, cost: u64) -> bool {
-    cost > 0 && matches!(algorithm, Algorithm::SlidingWindowLog { .. } | Algorithm::Concurrency { .. })
+    cost > 0
+        && matches!(
+            algorithm,
+            Algorithm::SlidingWindowLog { .. } | Algorithm::Concurrency { .. }
+        )
 }
 
 /// The member a log entry or lease is stored under: `<id>` for cost 1, `<id>#<cost>` above, so
 /// the scripts can sum costs from the members alone.
 pub(crate) fn token_for(id: &str, cost: u64) -> String {
-    if cost > 1 { format!("{id}#{cost}") } else { id.to_string() }
+    if cost > 1 {
+        format!("{id}#{cost}")
+    } else {
+        id.to_string()
+    }
 }
 
 /// Decodes the reply of a check of `items`; `tokens[i]` is the lease id sent for item i.
@@ -70,8 +100,9 @@ pub(crate) fn decode(
             other => return Err(StoreError::Backend(format!("unknown reason code {other}"))),
         };
         let allowed = r[0] == 1;
-        let lease = (allowed && item.cost > 0 && matches!(item.algorithm, Algorithm::Concurrency { .. }))
-            .then(|| LeaseId(tokens[i].clone()));
+        let lease =
+            (allowed && item.cost > 0 && matches!(item.algorithm, Algorithm::Concurrency { .. }))
+                .then(|| LeaseId(tokens[i].clone()));
         decisions.push(Decision {
             allowed,
             limit: u(r[1]),

@@ -42,7 +42,11 @@ pub(crate) const MULTI: &str = check_script!(
     "concurrency.lua"
 );
 /// Releases a concurrency lease.
-pub(crate) const RELEASE: &str = concat!(lua!("common.lua"), lua!("release.lua"), "return release(KEYS, ARGV)\n");
+pub(crate) const RELEASE: &str = concat!(
+    lua!("common.lua"),
+    lua!("release.lua"),
+    "return release(KEYS, ARGV)\n"
+);
 
 /// The name of the function library.
 pub const LIBRARY_NAME: &str = "sluice";

@@ -22,7 +22,11 @@ pub fn shard_algorithm(algorithm: &Algorithm, n: u32) -> Algorithm {
 /// A shard index in `0..n` for one request, picked uniformly at random (`None` when `n <= 1`:
 /// the policy is not sharded).
 pub fn pick_shard(n: u32) -> Option<u32> {
-    if n <= 1 { None } else { Some(rand::random_range(0..n)) }
+    if n <= 1 {
+        None
+    } else {
+        Some(rand::random_range(0..n))
+    }
 }
 
 #[cfg(test)]
@@ -32,11 +36,32 @@ mod tests {
 
     #[test]
     fn divides_quota_and_rate_rounding_up() {
-        let a = Algorithm::TokenBucket { capacity: 100, rate: Rate::per_second(10) };
-        assert_eq!(shard_algorithm(&a, 4), Algorithm::TokenBucket { capacity: 25, rate: Rate::per_second(3) });
-        let g = Algorithm::Gcra { rate: Rate::per_second(10), burst: 9 };
-        assert_eq!(shard_algorithm(&g, 3), Algorithm::Gcra { rate: Rate::per_second(4), burst: 3 });
-        let w = Algorithm::FixedWindow { limit: 10, window_ms: 1000 };
+        let a = Algorithm::TokenBucket {
+            capacity: 100,
+            rate: Rate::per_second(10),
+        };
+        assert_eq!(
+            shard_algorithm(&a, 4),
+            Algorithm::TokenBucket {
+                capacity: 25,
+                rate: Rate::per_second(3)
+            }
+        );
+        let g = Algorithm::Gcra {
+            rate: Rate::per_second(10),
+            burst: 9,
+        };
+        assert_eq!(
+            shard_algorithm(&g, 3),
+            Algorithm::Gcra {
+                rate: Rate::per_second(4),
+                burst: 3
+            }
+        );
+        let w = Algorithm::FixedWindow {
+            limit: 10,
+            window_ms: 1000,
+        };
         assert_eq!(shard_algorithm(&w, 1), w);
         assert_eq!(pick_shard(1), None);
         assert!(pick_shard(8).unwrap() < 8);

@@ -124,7 +124,10 @@ struct Lua {
 
 impl Lua {
     fn new(src: &'static str) -> Self {
-        Self { src, sha: redis::Script::new(src).get_hash().to_string() }
+        Self {
+            src,
+            sha: redis::Script::new(src).get_hash().to_string(),
+        }
     }
 }
 
@@ -166,12 +169,15 @@ pub async fn connect(url: &str, mut options: RedisOptions) -> Result<RedisStore,
             "rediss:// (TLS) needs a TLS build of the Redis client, which this build does not include".into(),
         ));
     }
-    if let Some(ns) = &options.namespace {
-        if ns.contains(['{', '}']) {
-            return Err(StoreError::Invalid("a key namespace cannot contain { or }".into()));
-        }
+    if let Some(ns) = &options.namespace
+        && ns.contains(['{', '}'])
+    {
+        return Err(StoreError::Invalid(
+            "a key namespace cannot contain { or }".into(),
+        ));
     }
-    let connect_err = |e: RedisError| StoreError::Unavailable(format!("{}: {e}", crate::url::redact(url)));
+    let connect_err =
+        |e: RedisError| StoreError::Unavailable(format!("{}: {e}", crate::url::redact(url)));
     let conn = if parsed.cluster {
         let client = redis::cluster::ClusterClient::builder(parsed.nodes.clone())
             .connection_timeout(options.connect_timeout)
@@ -188,7 +194,8 @@ pub async fn connect(url: &str, mut options: RedisOptions) -> Result<RedisStore,
             .map_err(connect_err)?;
         Conn::Cluster(c)
     } else {
-        let client = redis::Client::open(parsed.nodes[0].as_str()).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let client = redis::Client::open(parsed.nodes[0].as_str())
+            .map_err(|e| StoreError::Invalid(e.to_string()))?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(options.connect_timeout))
             .set_number_of_retries(2)
@@ -201,7 +208,9 @@ pub async fn connect(url: &str, mut options: RedisOptions) -> Result<RedisStore,
             .map_err(connect_err)?;
         Conn::Single(c)
     };
-    let pad = options.ttl_pad_ms.unwrap_or(if options.clock.is_some() { 600_000 } else { 0 });
+    let pad = options
+        .ttl_pad_ms
+        .unwrap_or(if options.clock.is_some() { 600_000 } else { 0 });
     let store = RedisStore {
         conn,
         cluster: parsed.cluster,
@@ -274,7 +283,10 @@ fn script_index(algorithm: &Algorithm) -> usize {
 impl RedisStore {
     /// A builder for a store at `url`.
     pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
-        RedisStoreBuilder { url: url.into(), options: RedisOptions::default() }
+        RedisStoreBuilder {
+            url: url.into(),
+            options: RedisOptions::default(),
+        }
     }
 
     /// Whether this store talks to a Cluster.
@@ -310,13 +322,21 @@ impl RedisStore {
     /// (Re)installs the function library on every master.
     pub async fn load_library(&self) -> Result<(), StoreError> {
         let mut cmd = redis::cmd("FUNCTION");
-        cmd.arg("LOAD").arg("REPLACE").arg(scripts::FUNCTION_LIBRARY);
+        cmd.arg("LOAD")
+            .arg("REPLACE")
+            .arg(scripts::FUNCTION_LIBRARY);
         self.conn.query(&cmd).await.map(|_| ()).map_err(map_err)
     }
 
     /// Runs a script (or its function) with `keys` and `args`, recovering from a flushed
     /// script cache or a missing library without the caller seeing it.
-    async fn invoke(&self, lua: &Lua, function: &str, keys: &[String], args: &[String]) -> Result<Value, RedisError> {
+    async fn invoke(
+        &self,
+        lua: &Lua,
+        function: &str,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<Value, RedisError> {
         match self.mode {
             ScriptMode::Eval => {
                 let mut cmd = redis::cmd("EVALSHA");
@@ -337,7 +357,9 @@ impl RedisStore {
                 match self.conn.query(&cmd).await {
                     Err(e) if is_missing_function(&e) => {
                         let mut load = redis::cmd("FUNCTION");
-                        load.arg("LOAD").arg("REPLACE").arg(scripts::FUNCTION_LIBRARY);
+                        load.arg("LOAD")
+                            .arg("REPLACE")
+                            .arg(scripts::FUNCTION_LIBRARY);
                         self.conn.query(&load).await?;
                         self.conn.query(&cmd).await
                     }
@@ -386,10 +408,14 @@ fn ints(v: Value) -> Result<Vec<i64>, StoreError> {
             .into_iter()
             .map(|x| match x {
                 Value::Int(i) => Ok(i),
-                other => Err(StoreError::Backend(format!("unexpected script reply item {other:?}"))),
+                other => Err(StoreError::Backend(format!(
+                    "unexpected script reply item {other:?}"
+                ))),
             })
             .collect(),
-        other => Err(StoreError::Backend(format!("unexpected script reply {other:?}"))),
+        other => Err(StoreError::Backend(format!(
+            "unexpected script reply {other:?}"
+        ))),
     }
 }
 
@@ -397,7 +423,10 @@ fn ints(v: Value) -> Result<Vec<i64>, StoreError> {
 impl Store for RedisStore {
     async fn check(&self, items: &[CheckItem<'_>]) -> Result<MultiDecision, StoreError> {
         if items.is_empty() {
-            return Ok(MultiDecision { allowed: true, decisions: Vec::new() });
+            return Ok(MultiDecision {
+                allowed: true,
+                decisions: Vec::new(),
+            });
         }
         let keys: Vec<String> = items.iter().map(|i| self.server_key(i.key)).collect();
         self.check_slots(&keys)?;
@@ -414,25 +443,45 @@ impl Store for RedisStore {
             protocol::push_item_args(&mut args, item.algorithm, item.cost, &token);
             tokens.push(token);
         }
-        let lua = if items.len() == 1 { &self.single[script_index(items[0].algorithm)] } else { &self.multi };
-        let reply = self.invoke_timed(lua, scripts::FN_CHECK, &keys, &args).await?;
+        let lua = if items.len() == 1 {
+            &self.single[script_index(items[0].algorithm)]
+        } else {
+            &self.multi
+        };
+        let reply = self
+            .invoke_timed(lua, scripts::FN_CHECK, &keys, &args)
+            .await?;
         protocol::decode(items, &tokens, &ints(reply)?)
     }
 
-    async fn release(&self, key: &str, algorithm: &Algorithm, lease: &LeaseId) -> Result<bool, StoreError> {
+    async fn release(
+        &self,
+        key: &str,
+        algorithm: &Algorithm,
+        lease: &LeaseId,
+    ) -> Result<bool, StoreError> {
         if !matches!(algorithm, Algorithm::Concurrency { .. }) {
             return Ok(false);
         }
         let keys = [self.server_key(key)];
         let args = [self.now_arg(), self.pad.clone(), lease.0.clone()];
-        match self.invoke_timed(&self.release, scripts::FN_RELEASE, &keys, &args).await? {
+        match self
+            .invoke_timed(&self.release, scripts::FN_RELEASE, &keys, &args)
+            .await?
+        {
             Value::Int(i) => Ok(i == 1),
-            other => Err(StoreError::Backend(format!("unexpected release reply {other:?}"))),
+            other => Err(StoreError::Backend(format!(
+                "unexpected release reply {other:?}"
+            ))),
         }
     }
 
     fn kind(&self) -> &'static str {
-        if self.cluster { "redis-cluster" } else { "redis" }
+        if self.cluster {
+            "redis-cluster"
+        } else {
+            "redis"
+        }
     }
 
     fn requires_single_slot(&self) -> bool {

@@ -11,21 +11,47 @@ fn stats(server: &RedisServer) -> BTreeMap<String, (u64, f64)> {
     let text = server.cli(&["INFO", "commandstats"]);
     let mut out = BTreeMap::new();
     for line in text.lines() {
-        let Some(rest) = line.strip_prefix("cmdstat_") else { continue };
-        let Some((name, fields)) = rest.split_once(':') else { continue };
-        let field = |f: &str| {
-            fields.split(',').find_map(|kv| kv.strip_prefix(&format!("{f}="))).and_then(|v| v.trim().parse::<f64>().ok())
+        let Some(rest) = line.strip_prefix("cmdstat_") else {
+            continue;
         };
-        out.insert(name.to_string(), (field("calls").unwrap_or(0.0) as u64, field("usec_per_call").unwrap_or(0.0)));
+        let Some((name, fields)) = rest.split_once(':') else {
+            continue;
+        };
+        let field = |f: &str| {
+            fields
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{f}=")))
+                .and_then(|v| v.trim().parse::<f64>().ok())
+        };
+        out.insert(
+            name.to_string(),
+            (
+                field("calls").unwrap_or(0.0) as u64,
+                field("usec_per_call").unwrap_or(0.0),
+            ),
+        );
     }
     out
 }
 
 /// Commands (other than the EVALSHA itself) per decision, and EVALSHA's µs per call.
-async fn measure(server: &RedisServer, store: &RedisStore, alg: &Algorithm, key: &str, n: u64) -> (f64, f64, String) {
+async fn measure(
+    server: &RedisServer,
+    store: &RedisStore,
+    alg: &Algorithm,
+    key: &str,
+    n: u64,
+) -> (f64, f64, String) {
     server.cli(&["CONFIG", "RESETSTAT"]);
     for _ in 0..n {
-        store.check(&[CheckItem { key, algorithm: alg, cost: 1 }]).await.unwrap();
+        store
+            .check(&[CheckItem {
+                key,
+                algorithm: alg,
+                cost: 1,
+            }])
+            .await
+            .unwrap();
     }
     let s = stats(server);
     let evalsha = s.get("evalsha").map_or((0, 0.0), |v| *v);
@@ -45,36 +71,129 @@ async fn measure(server: &RedisServer, store: &RedisStore, alg: &Algorithm, key:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_per_decision() {
     let server = RedisServer::redis();
-    let store = RedisStore::builder(server.url()).timeout(Duration::from_secs(5)).connect().await.unwrap();
+    let store = RedisStore::builder(server.url())
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
     let slow = Rate::new(1, 3_600_000);
     let big = 1_000_000;
     let cases: Vec<(&str, Algorithm, Algorithm, f64, f64)> = vec![
         // (name, admitting policy, denying policy, max commands admitted, max denied); TIME included.
-        ("token-bucket", Algorithm::TokenBucket { capacity: big, rate: slow }, Algorithm::TokenBucket { capacity: 1, rate: slow }, 3.0, 2.0),
-        ("gcra", Algorithm::Gcra { rate: Rate::per_second(1_000_000), burst: big }, Algorithm::Gcra { rate: slow, burst: 0 }, 3.0, 2.0),
+        (
+            "token-bucket",
+            Algorithm::TokenBucket {
+                capacity: big,
+                rate: slow,
+            },
+            Algorithm::TokenBucket {
+                capacity: 1,
+                rate: slow,
+            },
+            3.0,
+            2.0,
+        ),
+        (
+            "gcra",
+            Algorithm::Gcra {
+                rate: Rate::per_second(1_000_000),
+                burst: big,
+            },
+            Algorithm::Gcra {
+                rate: slow,
+                burst: 0,
+            },
+            3.0,
+            2.0,
+        ),
         (
             "leaky-bucket",
-            Algorithm::LeakyBucket { capacity: big, rate: slow, mode: LeakyMode::Policing },
-            Algorithm::LeakyBucket { capacity: 1, rate: slow, mode: LeakyMode::Policing },
+            Algorithm::LeakyBucket {
+                capacity: big,
+                rate: slow,
+                mode: LeakyMode::Policing,
+            },
+            Algorithm::LeakyBucket {
+                capacity: 1,
+                rate: slow,
+                mode: LeakyMode::Policing,
+            },
             3.0,
             2.0,
         ),
-        ("fixed-window", Algorithm::FixedWindow { limit: big, window_ms: 1_000_000_000 }, Algorithm::FixedWindow { limit: 1, window_ms: 1_000_000_000 }, 3.0, 2.0),
+        (
+            "fixed-window",
+            Algorithm::FixedWindow {
+                limit: big,
+                window_ms: 1_000_000_000,
+            },
+            Algorithm::FixedWindow {
+                limit: 1,
+                window_ms: 1_000_000_000,
+            },
+            3.0,
+            2.0,
+        ),
         (
             "sliding-counter",
-            Algorithm::SlidingWindowCounter { limit: big, window_ms: 1_000_000_000 },
-            Algorithm::SlidingWindowCounter { limit: 1, window_ms: 1_000_000_000 },
+            Algorithm::SlidingWindowCounter {
+                limit: big,
+                window_ms: 1_000_000_000,
+            },
+            Algorithm::SlidingWindowCounter {
+                limit: 1,
+                window_ms: 1_000_000_000,
+            },
             3.0,
             2.0,
         ),
-        ("sliding-log", Algorithm::SlidingWindowLog { limit: 2000, window_ms: 100 }, Algorithm::SlidingWindowLog { limit: 1, window_ms: 1_000_000 }, 5.0, 2.0),
-        ("concurrency", Algorithm::Concurrency { limit: 2000, lease_ms: 100 }, Algorithm::Concurrency { limit: 1, lease_ms: 1_000_000 }, 5.0, 2.0),
+        (
+            "sliding-log",
+            Algorithm::SlidingWindowLog {
+                limit: 2000,
+                window_ms: 100,
+            },
+            Algorithm::SlidingWindowLog {
+                limit: 1,
+                window_ms: 1_000_000,
+            },
+            5.0,
+            2.0,
+        ),
+        (
+            "concurrency",
+            Algorithm::Concurrency {
+                limit: 2000,
+                lease_ms: 100,
+            },
+            Algorithm::Concurrency {
+                limit: 1,
+                lease_ms: 1_000_000,
+            },
+            5.0,
+            2.0,
+        ),
     ];
     for (name, admit, deny, max_admit, max_deny) in cases {
-        let (a, us_a, detail_a) = measure(&server, &store, &admit, &format!("rl:{{cmd}}:{name}-a"), 500).await;
+        let (a, us_a, detail_a) = measure(
+            &server,
+            &store,
+            &admit,
+            &format!("rl:{{cmd}}:{name}-a"),
+            500,
+        )
+        .await;
         // The first call of the denying policy admits; the rest deny.
-        store.check(&[CheckItem { key: &format!("rl:{{cmd}}:{name}-d"), algorithm: &deny, cost: 1 }]).await.unwrap();
-        let (d, us_d, detail_d) = measure(&server, &store, &deny, &format!("rl:{{cmd}}:{name}-d"), 500).await;
+        store
+            .check(&[CheckItem {
+                key: &format!("rl:{{cmd}}:{name}-d"),
+                algorithm: &deny,
+                cost: 1,
+            }])
+            .await
+            .unwrap();
+        let (d, us_d, detail_d) =
+            measure(&server, &store, &deny, &format!("rl:{{cmd}}:{name}-d"), 500).await;
         eprintln!(
             "{name:16} admitted: {a:.2} commands ({detail_a}), EVALSHA {us_a:.2} µs | denied: {d:.2} ({detail_d}), EVALSHA {us_d:.2} µs"
         );

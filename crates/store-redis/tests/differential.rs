@@ -69,7 +69,15 @@ fn multi_model(
     let outcomes: Vec<_> = algs
         .iter()
         .enumerate()
-        .map(|(i, a)| algorithm::decide(a, model.states[i].as_ref(), now, costs[i], leases[i].as_ref()))
+        .map(|(i, a)| {
+            algorithm::decide(
+                a,
+                model.states[i].as_ref(),
+                now,
+                costs[i],
+                leases[i].as_ref(),
+            )
+        })
         .collect();
     let all = outcomes.iter().all(|o| o.decision.allowed);
     let mut out = Vec::new();
@@ -94,14 +102,23 @@ fn multi_model(
 
 /// Runs one sequence; returns (admitted, denied, releases that found their lease) to show the
 /// sequence exercised every branch.
-async fn run_sequence(kind: Kind, mode: ScriptMode, algs: &[&Algorithm], seed: u64) -> (u32, u32, u32) {
+async fn run_sequence(
+    kind: Kind,
+    mode: ScriptMode,
+    algs: &[&Algorithm],
+    seed: u64,
+) -> (u32, u32, u32) {
     let (mut admitted, mut denied, mut released) = (0, 0, 0);
     let mut rng = StdRng::seed_from_u64(seed);
     let mut now: u64 = 1_700_000_000_000_000 + rng.random_range(0..1_000_000_000);
     let clock = ManualClock::new(now);
     let store = manual_store(kind, &clock, mode).await;
-    let keys: Vec<String> = (0..algs.len()).map(|i| format!("rl:{{diff:{seed}}}:p{i}")).collect();
-    let mut model = Model { states: vec![None; algs.len()] };
+    let keys: Vec<String> = (0..algs.len())
+        .map(|i| format!("rl:{{diff:{seed}}}:p{i}"))
+        .collect();
+    let mut model = Model {
+        states: vec![None; algs.len()],
+    };
     let mut held: Vec<(usize, LeaseId)> = Vec::new();
     let w = algs.iter().map(|a| window(a)).max().unwrap_or(1000);
     for n in 0..STEPS {
@@ -127,7 +144,11 @@ async fn run_sequence(kind: Kind, mode: ScriptMode, algs: &[&Algorithm], seed: u
         let items: Vec<CheckItem<'_>> = algs
             .iter()
             .enumerate()
-            .map(|(i, a)| CheckItem { key: &keys[i], algorithm: a, cost: costs[i] })
+            .map(|(i, a)| CheckItem {
+                key: &keys[i],
+                algorithm: a,
+                cost: costs[i],
+            })
             .collect();
         let got = store.check(&items).await.unwrap();
         // The store chose the lease ids; the model takes the same ones.
@@ -138,7 +159,11 @@ async fn run_sequence(kind: Kind, mode: ScriptMode, algs: &[&Algorithm], seed: u
             "{kind:?} {mode:?} seed {seed} step {n} now {now} costs {costs:?} algorithms {algs:?}"
         );
         assert_eq!(got.allowed, want.iter().all(|d| d.allowed));
-        if got.allowed { admitted += 1 } else { denied += 1 }
+        if got.allowed {
+            admitted += 1
+        } else {
+            denied += 1
+        }
         for (i, d) in got.decisions.iter().enumerate() {
             if let Some(l) = &d.lease {
                 held.push((i, l.clone()));
@@ -174,7 +199,9 @@ async fn mixed_multi_checks(kind: Kind, mode: ScriptMode) {
     let mut rng = StdRng::seed_from_u64(7);
     for seed in 0..12u64 {
         let n = rng.random_range(2..=4);
-        let picked: Vec<Algorithm> = (0..n).map(|_| algs[rng.random_range(0..algs.len())].clone()).collect();
+        let picked: Vec<Algorithm> = (0..n)
+            .map(|_| algs[rng.random_range(0..algs.len())].clone())
+            .collect();
         let refs: Vec<&Algorithm> = picked.iter().collect();
         let (a, d, _) = run_sequence(kind, mode, &refs, 50_000 + seed).await;
         assert!(a > 0 && d > 0, "{refs:?}: {a} admitted, {d} denied");

@@ -12,11 +12,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn bucket() -> Algorithm {
-    Algorithm::TokenBucket { capacity: 1_000_000, rate: Rate::per_second(1) }
+    Algorithm::TokenBucket {
+        capacity: 1_000_000,
+        rate: Rate::per_second(1),
+    }
 }
 
 async fn one(store: &RedisStore, key: &str, alg: &Algorithm) -> Result<bool, StoreError> {
-    store.check(&[CheckItem { key, algorithm: alg, cost: 1 }]).await.map(|d| d.allowed)
+    store
+        .check(&[CheckItem {
+            key,
+            algorithm: alg,
+            cost: 1,
+        }])
+        .await
+        .map(|d| d.allowed)
 }
 
 fn is_availability_error(e: &StoreError) -> bool {
@@ -27,7 +37,11 @@ fn is_availability_error(e: &StoreError) -> bool {
 async fn stopped_server_errors_within_the_timeout_and_restart_recovers_without_noscript() {
     let mut server = RedisServer::redis();
     let timeout = Duration::from_millis(50);
-    let store = RedisStore::builder(server.url()).timeout(timeout).connect().await.unwrap();
+    let store = RedisStore::builder(server.url())
+        .timeout(timeout)
+        .connect()
+        .await
+        .unwrap();
     let alg = bucket();
     let key = "rl:{fault:1}:p";
     assert!(one(&store, key, &alg).await.unwrap());
@@ -44,7 +58,10 @@ async fn stopped_server_errors_within_the_timeout_and_restart_recovers_without_n
     }
     eprintln!("slowest error answer with the server down: {slowest:?} (timeout {timeout:?})");
     // The timeout bounds every call (plus scheduling slack on a busy 2-core machine).
-    assert!(slowest < timeout + Duration::from_millis(100), "slowest {slowest:?}");
+    assert!(
+        slowest < timeout + Duration::from_millis(100),
+        "slowest {slowest:?}"
+    );
 
     // Restarted empty: its script cache is empty, so EVALSHA answers NOSCRIPT; callers must
     // only ever see availability errors until the reconnect, then answers.
@@ -80,14 +97,21 @@ async fn flush_mid_run(mode: ScriptMode) {
             .unwrap(),
     );
     let limit = 300;
-    let alg = Algorithm::FixedWindow { limit, window_ms: 1_000_000_000_000 };
+    let alg = Algorithm::FixedWindow {
+        limit,
+        window_ms: 1_000_000_000_000,
+    };
     let mut tasks = Vec::new();
     for _ in 0..8 {
         let (store, alg) = (store.clone(), alg.clone());
         tasks.push(tokio::spawn(async move {
             let mut admitted = 0u64;
             for _ in 0..100 {
-                admitted += u64::from(one(&store, "rl:{flush}:p", &alg).await.expect("no caller-visible error"));
+                admitted += u64::from(
+                    one(&store, "rl:{flush}:p", &alg)
+                        .await
+                        .expect("no caller-visible error"),
+                );
                 tokio::task::yield_now().await;
             }
             admitted
@@ -136,14 +160,20 @@ async fn function_flush_mid_run_is_invisible() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_cluster_master_fails_over_and_decisions_continue() {
     let mut cluster = RedisCluster::start();
-    let store = RedisStore::builder(cluster.url()).timeout(Duration::from_millis(500)).connect().await.unwrap();
+    let store = RedisStore::builder(cluster.url())
+        .timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .unwrap();
     let alg = bucket();
     let key = "rl:{user:42}:p";
     let slot = key_slot(key.as_bytes());
     for _ in 0..20 {
         assert!(one(&store, key, &alg).await.unwrap());
     }
-    let master = cluster.master_of_slot(slot).expect("a master serves the slot");
+    let master = cluster
+        .master_of_slot(slot)
+        .expect("a master serves the slot");
     cluster.kill(master);
     let killed = Instant::now();
     let mut errors = 0;
@@ -162,26 +192,58 @@ async fn killed_cluster_master_fails_over_and_decisions_continue() {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
-        assert!(Instant::now() < deadline, "decisions did not resume within 30 s ({errors} errors)");
+        assert!(
+            Instant::now() < deadline,
+            "decisions did not resume within 30 s ({errors} errors)"
+        );
     }
-    eprintln!("failover: decisions resumed {:?} after the kill, {errors} errors meanwhile", killed.elapsed());
+    eprintln!(
+        "failover: decisions resumed {:?} after the kill, {errors} errors meanwhile",
+        killed.elapsed()
+    );
     let new_master = cluster.master_of_slot(slot).expect("a promoted master");
     assert_ne!(new_master, master);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cross_slot_checks_are_refused_without_sending() {
-    let store = RedisStore::builder(common::cluster().url()).timeout(Duration::from_secs(5)).connect().await.unwrap();
+    let store = RedisStore::builder(common::cluster().url())
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
     let alg = bucket();
     let (a, b) = ("rl:{user:1}:p", "rl:{user:2}:p");
     assert_ne!(key_slot(a.as_bytes()), key_slot(b.as_bytes()));
-    let items = [CheckItem { key: a, algorithm: &alg, cost: 1 }, CheckItem { key: b, algorithm: &alg, cost: 1 }];
-    assert!(matches!(store.check(&items).await, Err(StoreError::Invalid(_))));
+    let items = [
+        CheckItem {
+            key: a,
+            algorithm: &alg,
+            cost: 1,
+        },
+        CheckItem {
+            key: b,
+            algorithm: &alg,
+            cost: 1,
+        },
+    ];
+    assert!(matches!(
+        store.check(&items).await,
+        Err(StoreError::Invalid(_))
+    ));
     assert!(store.requires_single_slot());
     // The same identity's limits share a slot and go in one call.
     let items = [
-        CheckItem { key: "rl:{user:1}:minute", algorithm: &alg, cost: 1 },
-        CheckItem { key: "rl:{user:1}:day", algorithm: &alg, cost: 1 },
+        CheckItem {
+            key: "rl:{user:1}:minute",
+            algorithm: &alg,
+            cost: 1,
+        },
+        CheckItem {
+            key: "rl:{user:1}:day",
+            algorithm: &alg,
+            cost: 1,
+        },
     ];
     assert!(store.check(&items).await.unwrap().allowed);
 }

@@ -33,7 +33,16 @@ async fn two_hundred_at_ten(kind: Kind) {
         let calls = (0..200).map(|_| {
             let s = s.clone();
             let (key, alg) = (key.clone(), alg.clone());
-            async move { s.check(&[CheckItem { key: &key, algorithm: &alg, cost: 1 }]).await.unwrap().allowed }
+            async move {
+                s.check(&[CheckItem {
+                    key: &key,
+                    algorithm: &alg,
+                    cost: 1,
+                }])
+                .await
+                .unwrap()
+                .allowed
+            }
         });
         let admitted = join_all(calls).await.into_iter().filter(|a| *a).count();
         assert_eq!(admitted, 10, "{kind:?} {alg:?}");
@@ -61,7 +70,14 @@ async fn ten_thousand_at_hundred(kind: Kind) {
                 tasks.push(tokio::spawn(async move {
                     let mut admitted = 0u32;
                     for _ in 0..(10_000 / (16 * 32)) {
-                        let d = s.check(&[CheckItem { key: &key, algorithm: &alg, cost: 1 }]).await.unwrap();
+                        let d = s
+                            .check(&[CheckItem {
+                                key: &key,
+                                algorithm: &alg,
+                                cost: 1,
+                            }])
+                            .await
+                            .unwrap();
                         admitted += u32::from(d.allowed);
                     }
                     admitted
@@ -73,14 +89,25 @@ async fn ten_thousand_at_hundred(kind: Kind) {
         let mut admitted: u32 = 0;
         for j in 0..extra {
             let s = stores[j % 16].clone();
-            let d = s.check(&[CheckItem { key: &key, algorithm: &alg, cost: 1 }]).await.unwrap();
+            let d = s
+                .check(&[CheckItem {
+                    key: &key,
+                    algorithm: &alg,
+                    cost: 1,
+                }])
+                .await
+                .unwrap();
             admitted += u32::from(d.allowed);
         }
         for t in tasks {
             admitted += t.await.unwrap();
         }
         assert_eq!(admitted, 100, "{kind:?} {alg:?}");
-        assert!(started.elapsed() < Duration::from_secs(60), "{kind:?} {alg:?} took {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "{kind:?} {alg:?} took {:?}",
+            started.elapsed()
+        );
     }
 }
 
@@ -110,12 +137,23 @@ async fn naive_get_then_set_admits_far_more() {
             let mut con = con.clone();
             let key = key.clone();
             async move {
-                let used: Option<u64> = redis::cmd("GET").arg(&key).query_async(&mut con).await.unwrap();
+                let used: Option<u64> = redis::cmd("GET")
+                    .arg(&key)
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
                 let used = used.unwrap_or(0);
                 if used >= 10 {
                     return false;
                 }
-                let _: () = redis::cmd("SET").arg(&key).arg(used + 1).arg("EX").arg(60).query_async(&mut con).await.unwrap();
+                let _: () = redis::cmd("SET")
+                    .arg(&key)
+                    .arg(used + 1)
+                    .arg("EX")
+                    .arg(60)
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
                 true
             }
         });

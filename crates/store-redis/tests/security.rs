@@ -19,7 +19,10 @@ fn ports(kind: Kind) -> Vec<u16> {
 }
 
 fn all_keys(kind: Kind, ns: &str) -> Vec<(String, i64)> {
-    let mut v: Vec<(String, i64)> = ports(kind).into_iter().flat_map(|p| keys_with_ttl(p, &format!("{ns}*"))).collect();
+    let mut v: Vec<(String, i64)> = ports(kind)
+        .into_iter()
+        .flat_map(|p| keys_with_ttl(p, &format!("{ns}*")))
+        .collect();
     v.sort();
     v.dedup_by(|a, b| a.0 == b.0);
     v
@@ -29,21 +32,39 @@ fn all_keys(kind: Kind, ns: &str) -> Vec<(String, i64)> {
 async fn credentials_never_appear_in_key_names() {
     let scheme = KeyScheme::default();
     let hash_key = default_hash_key();
-    let alg = Algorithm::TokenBucket { capacity: 10, rate: Rate::per_second(5) };
+    let alg = Algorithm::TokenBucket {
+        capacity: 10,
+        rate: Rate::per_second(5),
+    };
     for kind in KINDS {
         let store = server_clock_store(kind, "cred").await;
         let ns = store.server_key("");
-        let secrets: Vec<String> = (0..20).map(|i| format!("sk_live_{i:04}_{:016x}", rand::random::<u64>())).collect();
+        let secrets: Vec<String> = (0..20)
+            .map(|i| format!("sk_live_{i:04}_{:016x}", rand::random::<u64>()))
+            .collect();
         for s in &secrets {
             let id = Identity::credential("key", s.as_bytes(), &hash_key);
             let key = scheme.key(&id, "api");
-            assert!(store.check(&[CheckItem { key: &key, algorithm: &alg, cost: 1 }]).await.unwrap().allowed);
+            assert!(
+                store
+                    .check(&[CheckItem {
+                        key: &key,
+                        algorithm: &alg,
+                        cost: 1
+                    }])
+                    .await
+                    .unwrap()
+                    .allowed
+            );
         }
         let keys = all_keys(kind, &ns);
         assert!(keys.len() >= 20, "{kind:?}: found {} keys", keys.len());
         for (k, _) in &keys {
             for s in &secrets {
-                assert!(!k.contains(s.as_str()), "{kind:?}: key {k:?} contains a raw credential");
+                assert!(
+                    !k.contains(s.as_str()),
+                    "{kind:?}: key {k:?} contains a raw credential"
+                );
             }
             assert!(k.contains(":{key:h"), "{kind:?}: {k}");
         }
@@ -54,11 +75,30 @@ async fn credentials_never_appear_in_key_names() {
 async fn hash_tag_injection_keeps_its_own_slot_and_state() {
     let scheme = KeyScheme::default();
     let hostile = [
-        "user:42", "user:42}", "{user:42}", "}{user:42", "user:42 ", " user:42", "user:42\n", "a}{b", "}{", "{", "}",
-        "%7D", "user:42%7D", "\u{0}", "é",
+        "user:42",
+        "user:42}",
+        "{user:42}",
+        "}{user:42",
+        "user:42 ",
+        " user:42",
+        "user:42\n",
+        "a}{b",
+        "}{",
+        "{",
+        "}",
+        "%7D",
+        "user:42%7D",
+        "\u{0}",
+        "é",
     ];
-    let alg = Algorithm::FixedWindow { limit: 1, window_ms: 60_000 };
-    let keys: Vec<String> = hostile.iter().map(|h| scheme.key(&Identity::new(*h), "p")).collect();
+    let alg = Algorithm::FixedWindow {
+        limit: 1,
+        window_ms: 60_000,
+    };
+    let keys: Vec<String> = hostile
+        .iter()
+        .map(|h| scheme.key(&Identity::new(*h), "p"))
+        .collect();
     // Distinct identities, distinct keys; each key's hash tag is its own escaped identity.
     let mut unique = keys.clone();
     unique.sort();
@@ -76,8 +116,22 @@ async fn hash_tag_injection_keeps_its_own_slot_and_state() {
     let (e1, e2) = (scheme.key(&empty, "minute"), scheme.key(&empty, "day"));
     assert_ne!(key_slot(e1.as_bytes()), key_slot(e2.as_bytes()));
     let cluster_store = server_clock_store(Kind::Cluster, "empty").await;
-    let items = [CheckItem { key: &e1, algorithm: &alg, cost: 1 }, CheckItem { key: &e2, algorithm: &alg, cost: 1 }];
-    assert!(matches!(cluster_store.check(&items).await, Err(sluice_core::StoreError::Invalid(_))));
+    let items = [
+        CheckItem {
+            key: &e1,
+            algorithm: &alg,
+            cost: 1,
+        },
+        CheckItem {
+            key: &e2,
+            algorithm: &alg,
+            cost: 1,
+        },
+    ];
+    assert!(matches!(
+        cluster_store.check(&items).await,
+        Err(sluice_core::StoreError::Invalid(_))
+    ));
 
     for kind in KINDS {
         let store = server_clock_store(kind, "inject").await;
@@ -85,17 +139,43 @@ async fn hash_tag_injection_keeps_its_own_slot_and_state() {
             // The server computes the same slot as sluice for every hostile key.
             let node = &common::cluster().nodes()[0];
             for k in &keys {
-                let server_slot: u16 = node.cli(&["CLUSTER", "KEYSLOT", &store.server_key(k)]).trim().parse().unwrap();
+                let server_slot: u16 = node
+                    .cli(&["CLUSTER", "KEYSLOT", &store.server_key(k)])
+                    .trim()
+                    .parse()
+                    .unwrap();
                 assert_eq!(server_slot, key_slot(k.as_bytes()), "{k:?}");
             }
         }
         // Each identity has its own state: the first check of each admits (limit 1), the
         // second denies; no identity consumed another's.
         for k in &keys {
-            assert!(store.check(&[CheckItem { key: k, algorithm: &alg, cost: 1 }]).await.unwrap().allowed, "{kind:?} {k}");
+            assert!(
+                store
+                    .check(&[CheckItem {
+                        key: k,
+                        algorithm: &alg,
+                        cost: 1
+                    }])
+                    .await
+                    .unwrap()
+                    .allowed,
+                "{kind:?} {k}"
+            );
         }
         for k in &keys {
-            assert!(!store.check(&[CheckItem { key: k, algorithm: &alg, cost: 1 }]).await.unwrap().allowed, "{kind:?} {k}");
+            assert!(
+                !store
+                    .check(&[CheckItem {
+                        key: k,
+                        algorithm: &alg,
+                        cost: 1
+                    }])
+                    .await
+                    .unwrap()
+                    .allowed,
+                "{kind:?} {k}"
+            );
         }
     }
 }
@@ -113,11 +193,29 @@ async fn every_key_has_a_ttl_no_longer_than_its_reset() {
             let key = scheme.key(&id, "p");
             longest = longest.max(alg.window_ms());
             for cost in [1, 1, 2, 0, 1] {
-                let _ = store.check(&[CheckItem { key: &key, algorithm: alg, cost }]).await.unwrap();
+                let _ = store
+                    .check(&[CheckItem {
+                        key: &key,
+                        algorithm: alg,
+                        cost,
+                    }])
+                    .await
+                    .unwrap();
             }
             // A multi-limit check over the same identity writes both keys or neither.
             let other = scheme.key(&id, "q");
-            let items = [CheckItem { key: &key, algorithm: alg, cost: 1 }, CheckItem { key: &other, algorithm: alg, cost: 1 }];
+            let items = [
+                CheckItem {
+                    key: &key,
+                    algorithm: alg,
+                    cost: 1,
+                },
+                CheckItem {
+                    key: &other,
+                    algorithm: alg,
+                    cost: 1,
+                },
+            ];
             let _ = store.check(&items).await.unwrap();
         }
         let keys = all_keys(kind, &ns);
@@ -125,7 +223,10 @@ async fn every_key_has_a_ttl_no_longer_than_its_reset() {
         for (k, ttl) in &keys {
             // Redis answers -1 for a key without a TTL, -2 for a vanished key.
             assert!(*ttl != -1, "{kind:?}: key {k} has no TTL");
-            assert!(*ttl <= 2 * longest as i64, "{kind:?}: key {k} TTL {ttl} ms is too long");
+            assert!(
+                *ttl <= 2 * longest as i64,
+                "{kind:?}: key {k} TTL {ttl} ms is too long"
+            );
         }
     }
 }

