@@ -116,7 +116,7 @@ fn value(bytes: Bytes) -> HeaderValue {
 }
 
 /// The limits a client is told about: enforced policies that have a decision.
-fn visible<'a>(checked: &'a Checked) -> impl Iterator<Item = (&'a Policy, &'a Decision)> + Clone {
+fn visible(checked: &Checked) -> impl Iterator<Item = (&Policy, &Decision)> + Clone {
     checked
         .limits
         .iter()

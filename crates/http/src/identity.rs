@@ -256,10 +256,12 @@ fn parse_node(s: &str) -> Option<Option<IpAddr>> {
     if let Ok(sa) = s.parse::<SocketAddr>() {
         return Some(Some(sa.ip().to_canonical()));
     }
-    if let Some(inner) = s.strip_prefix('[').and_then(|r| r.split(']').next()) {
-        if let Ok(ip) = inner.parse::<IpAddr>() {
-            return Some(Some(ip.to_canonical()));
-        }
+    if let Some(Ok(ip)) = s
+        .strip_prefix('[')
+        .and_then(|r| r.split(']').next())
+        .map(str::parse::<IpAddr>)
+    {
+        return Some(Some(ip.to_canonical()));
     }
     Some(None)
 }

@@ -303,7 +303,7 @@ async fn lease_is_released_when_the_request_future_is_dropped() {
         .build();
     let svc = layer.layer(
         Router::new()
-            .route("/hang", route(|| std::future::pending::<&'static str>()))
+            .route("/hang", route(std::future::pending::<&'static str>))
             .route("/ok", route(|| async { "ok" })),
     );
     let req = |path: &str| Request::get(path).body(axum::body::Body::empty()).unwrap();
@@ -522,7 +522,7 @@ async fn works_with_a_plain_hyper_service() {
                     req
                 })
                 .layer(layer.clone())
-                .service(hello.clone());
+                .service(hello);
             tokio::spawn(async move {
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(stream), TowerToHyperService::new(svc))
