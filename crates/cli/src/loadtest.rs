@@ -320,10 +320,10 @@ fn describe(a: &Algorithm) -> String {
 }
 
 fn draw_progress(done: u64, total: u64) {
-    let width = 40;
-    let filled = if total == 0 { width } else { (done * width / total) as usize };
+    let width: usize = 40;
+    let filled = if total == 0 { width } else { (done as usize * width / total as usize).min(width) };
     let mut err = std::io::stderr();
-    let _ = write!(err, "\r[{}{}] {done}/{total}", "#".repeat(filled as usize), ".".repeat(width as usize - filled as usize));
+    let _ = write!(err, "\r[{}{}] {done}/{total}", "#".repeat(filled), ".".repeat(width - filled));
     let _ = err.flush();
 }
 

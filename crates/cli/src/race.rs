@@ -158,7 +158,8 @@ async fn naive_once<C: redis::aio::ConnectionLike + Send>(
     Ok(())
 }
 
-/// The naive limiter in process memory: read, yield (as an await on a network call would), write.
+/// The naive limiter in process memory: read, wait a millisecond (as a round trip to a shared
+/// store would), write.
 async fn naive_memory(requests: u64, limit: u64) -> u64 {
     let counter = Arc::new(std::sync::Mutex::new(0u64));
     let admitted = Arc::new(AtomicU64::new(0));
@@ -169,7 +170,7 @@ async fn naive_memory(requests: u64, limit: u64) -> u64 {
         tasks.push(tokio::spawn(async move {
             start.wait().await;
             let used = *counter.lock().unwrap();
-            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
             if used < limit {
                 *counter.lock().unwrap() = used + 1;
                 admitted.fetch_add(1, Ordering::Relaxed);
