@@ -78,9 +78,15 @@ fn is_safe(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'@' | b'/' | b'+' | b'=')
 }
 
-/// Appends `identity` escaped for use inside a hash tag.
+/// Appends `identity` escaped for use inside a hash tag. The empty identity is written as a
+/// lone `%` (which no escape produces), because an empty hash tag `{}` would make Redis
+/// hash the whole key and scatter one identity's keys over several slots.
 pub fn escape_identity_into(out: &mut String, identity: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    if identity.is_empty() {
+        out.push('%');
+        return;
+    }
     for &b in identity {
         if is_safe(b) {
             out.push(b as char);
@@ -164,6 +170,15 @@ mod tests {
         assert_eq!(hash_tag(k.as_bytes()), b"a%7D%7Bb%20c%0A%25");
         // An identity spelling an escape differs from the byte it escapes.
         assert_ne!(s.key(&Identity::new("%7D"), "p"), s.key(&Identity::new("}"), "p"));
+    }
+
+    #[test]
+    fn the_empty_identity_keeps_a_non_empty_tag() {
+        let s = KeyScheme::default();
+        let (a, b) = (s.key(&Identity::new(""), "a"), s.key(&Identity::new(""), "b"));
+        assert_eq!(a, "rl:{%}:a");
+        assert_eq!(key_slot(a.as_bytes()), key_slot(b.as_bytes()));
+        assert_ne!(a, s.key(&Identity::new("%"), "a"));
     }
 
     #[test]
