@@ -31,6 +31,9 @@ enum Command {
     Keyslot(keyslot::KeyslotArgs),
     /// Print the Lua scripts (and the Function library) with their KEYS/ARGV contracts.
     Scripts {
+        /// Print only these scripts (token-bucket, gcra, leaky-bucket, fixed-window,
+        /// sliding-counter, sliding-log, concurrency, multi, release).
+        names: Vec<String>,
         /// Print the Redis Function library instead of the scripts.
         #[arg(long)]
         functions: bool,
@@ -49,19 +52,33 @@ fn main() -> ExitCode {
         Command::Validate(args) => sluice_server::cli::validate(args),
         Command::Keyslot(args) => match keyslot::run(&args) {
             Ok(lines) => {
+                let mut out = std::io::stdout().lock();
                 for l in lines {
-                    println!("{l}");
+                    // A closed pipe (`| head`) just ends the output.
+                    if writeln!(out, "{l}").is_err() {
+                        break;
+                    }
                 }
                 ExitCode::SUCCESS
             }
             Err(e) => fail(&e),
         },
-        Command::Scripts { functions } => {
+        Command::Scripts { names, functions } => {
+            let mut out = std::io::stdout().lock();
             if functions {
-                println!("{}", sluice_redis::function_library());
-            } else {
-                for (name, source) in sluice_redis::scripts() {
-                    println!("-- ===== {name} =====\n{source}\n");
+                let _ = writeln!(out, "{}", sluice_redis::function_library());
+                return ExitCode::SUCCESS;
+            }
+            let all = sluice_redis::scripts();
+            if let Some(unknown) = names.iter().find(|n| !all.iter().any(|(name, _)| name == n)) {
+                let known: Vec<&str> = all.iter().map(|(n, _)| *n).collect();
+                return fail(&format!("no script named {unknown:?}; scripts: {}", known.join(", ")));
+            }
+            for (name, source) in all {
+                if names.is_empty() || names.iter().any(|n| n == name) {
+                    if writeln!(out, "-- ===== {name} =====\n{source}\n").is_err() {
+                        break;
+                    }
                 }
             }
             ExitCode::SUCCESS
