@@ -7,7 +7,7 @@ use crate::loadtest::LoadReport;
 
 /// Renders the per-second series of `report` as a standalone SVG document.
 pub fn svg(report: &LoadReport) -> String {
-    let (w, h, left, bottom, top, right) = (720.0, 360.0, 50.0, 40.0, 30.0, 130.0);
+    let (w, h, left, bottom, top, right) = (760.0, 360.0, 50.0, 40.0, 30.0, 170.0);
     let n = report.per_second.len().max(1);
     let max = report
         .per_second
