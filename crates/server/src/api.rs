@@ -19,9 +19,9 @@ use http::header::{AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderValue, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{Map, Value, json};
+use sluice::core::LeaseId;
 use sluice::core::key::MAX_IDENTITY_LEN;
 use sluice::core::policy::MAX_EXACT;
-use sluice::core::LeaseId;
 use sluice::{Checked, Decision, Identity, Lease, Policy, Verdict};
 use sluice_http::headers::{HeaderOptions, PROBLEM_JSON, problem_json, rate_limit_headers};
 
@@ -45,38 +45,63 @@ pub fn router(shared: Shared) -> Router {
 pub fn problem(status: StatusCode, detail: &str) -> Response {
     let mut res = Response::new(Body::from(problem_json(status, detail, None, None)));
     *res.status_mut() = status;
-    res.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
     res
 }
 
 fn json_response(status: StatusCode, v: &Value) -> Response {
     let mut res = Response::new(Body::from(v.to_string()));
     *res.status_mut() = status;
-    res.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     res
 }
 
 async fn not_found(req: Request) -> Response {
-    problem(StatusCode::NOT_FOUND, &format!("no endpoint {} {}", req.method(), req.uri().path()))
+    problem(
+        StatusCode::NOT_FOUND,
+        &format!("no endpoint {} {}", req.method(), req.uri().path()),
+    )
 }
 
 /// Reads a JSON object body of at most `max` bytes.
 async fn read_json(req: Request, max: usize) -> Result<Map<String, Value>, Response> {
-    let ct = req.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let ct = req
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
     if !ct.is_empty() && !ct.starts_with("application/json") {
-        return Err(problem(StatusCode::UNSUPPORTED_MEDIA_TYPE, &format!("content type must be application/json, not {ct}")));
+        return Err(problem(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            &format!("content type must be application/json, not {ct}"),
+        ));
     }
-    let too_large = || problem(StatusCode::PAYLOAD_TOO_LARGE, &format!("request body larger than {max} bytes"));
-    if let Some(len) = req.headers().get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok()) {
-        if len > max as u64 {
-            return Err(too_large());
-        }
+    let too_large = || {
+        problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("request body larger than {max} bytes"),
+        )
+    };
+    if let Some(len) = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        && len > max as u64
+    {
+        return Err(too_large());
     }
     let body = http_body_util::Limited::new(req.into_body(), max);
     let bytes = match body.collect().await {
         Ok(c) => c.to_bytes(),
         Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => return Err(too_large()),
-        Err(e) => return Err(problem(StatusCode::BAD_REQUEST, &format!("could not read the body: {e}"))),
+        Err(e) => {
+            return Err(problem(
+                StatusCode::BAD_REQUEST,
+                &format!("could not read the body: {e}"),
+            ));
+        }
     };
     match serde_json::from_slice::<Value>(&bytes) {
         Ok(Value::Object(m)) => Ok(m),
@@ -127,7 +152,10 @@ fn parse_check(rt: &Runtime, mut m: Map<String, Value>) -> Result<CheckRequest, 
     let identity = match m.remove("identity") {
         Some(Value::String(s)) if s.is_empty() => return Err("\"identity\" must not be empty".into()),
         Some(Value::String(s)) if s.len() > MAX_IDENTITY_LEN => {
-            return Err(format!("\"identity\" is {} bytes; the most is {MAX_IDENTITY_LEN}", s.len()));
+            return Err(format!(
+                "\"identity\" is {} bytes; the most is {MAX_IDENTITY_LEN}",
+                s.len()
+            ));
         }
         Some(Value::String(s)) => Identity::new(s),
         Some(other) => return Err(format!("\"identity\" must be a string, not {}", kind(&other))),
@@ -144,7 +172,9 @@ fn parse_check(rt: &Runtime, mut m: Map<String, Value>) -> Result<CheckRequest, 
         Some(other) => return Err(format!("\"cost\" must be a non-negative integer, not {}", kind(&other))),
     };
     if let Some(k) = m.keys().next() {
-        return Err(format!("unknown field {k:?}: expected policy or policies, identity, cost"));
+        return Err(format!(
+            "unknown field {k:?}: expected policy or policies, identity, cost"
+        ));
     }
     let mut policies = Vec::with_capacity(names.len());
     for n in &names {
@@ -153,7 +183,11 @@ fn parse_check(rt: &Runtime, mut m: Map<String, Value>) -> Result<CheckRequest, 
             None => return Err(format!("unknown policy {n:?}")),
         }
     }
-    Ok(CheckRequest { policies, identity, cost })
+    Ok(CheckRequest {
+        policies,
+        identity,
+        cost,
+    })
 }
 
 fn kind(v: &Value) -> &'static str {
@@ -198,7 +232,13 @@ fn reason_name(d: &Decision) -> Value {
 /// The JSON answer to a check.
 fn check_answer(checked: &Checked, opts: &HeaderOptions) -> Value {
     // The headline numbers: the denying policy, else the enforced one with the least left.
-    let visible = || checked.limits.iter().filter(|l| !l.policy.shadow).filter_map(|l| l.decision.as_ref());
+    let visible = || {
+        checked
+            .limits
+            .iter()
+            .filter(|l| !l.policy.shadow)
+            .filter_map(|l| l.decision.as_ref())
+    };
     let head = checked
         .denials()
         .filter_map(|l| l.decision.as_ref())
@@ -240,9 +280,16 @@ fn check_answer(checked: &Checked, opts: &HeaderOptions) -> Value {
         .collect();
     let mut headers = Map::new();
     for (n, v) in rate_limit_headers(checked, opts) {
-        headers.insert(display_header_name(n.as_str()), Value::String(v.to_str().unwrap_or("").to_string()));
+        headers.insert(
+            display_header_name(n.as_str()),
+            Value::String(v.to_str().unwrap_or("").to_string()),
+        );
     }
-    let lease = if checked.leases.is_empty() { Value::Null } else { Value::String(encode_leases(checked)) };
+    let lease = if checked.leases.is_empty() {
+        Value::Null
+    } else {
+        Value::String(encode_leases(checked))
+    };
     json!({
         "allowed": checked.allowed,
         "limit": limit,
@@ -262,7 +309,12 @@ fn check_answer(checked: &Checked, opts: &HeaderOptions) -> Value {
 
 fn escape_token_part(out: &mut String, s: &str) {
     for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':' | b'{' | b'}' | b'#' | b'@' | b'/' | b'+' | b'=') {
+        if b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'_' | b'.' | b':' | b'{' | b'}' | b'#' | b'@' | b'/' | b'+' | b'='
+            )
+        {
             out.push(b as char);
         } else {
             let _ = write!(out, "%{b:02X}");
@@ -290,7 +342,9 @@ fn unescape_token_part(s: &str) -> Option<String> {
 fn encode_leases(checked: &Checked) -> String {
     let mut out = String::new();
     for lease in &checked.leases {
-        let Some(l) = checked.limits.iter().find(|l| l.key == lease.key) else { continue };
+        let Some(l) = checked.limits.iter().find(|l| l.key == lease.key) else {
+            continue;
+        };
         if !out.is_empty() {
             out.push(',');
         }
@@ -309,19 +363,37 @@ fn decode_leases(rt: &Runtime, token: &str) -> Result<Vec<Lease>, String> {
     let mut leases = Vec::new();
     for part in token.split(',') {
         let mut it = part.split('~');
-        let (Some(p), Some(k), Some(i), None) = (it.next(), it.next(), it.next(), it.next()) else { return Err(bad()) };
-        let (policy, key, id) = (unescape_token_part(p).ok_or_else(bad)?, unescape_token_part(k).ok_or_else(bad)?, unescape_token_part(i).ok_or_else(bad)?);
-        let pc = rt.config.policies.get(&policy).ok_or_else(|| format!("unknown policy {policy:?}"))?;
+        let (Some(p), Some(k), Some(i), None) = (it.next(), it.next(), it.next(), it.next()) else {
+            return Err(bad());
+        };
+        let (policy, key, id) = (
+            unescape_token_part(p).ok_or_else(bad)?,
+            unescape_token_part(k).ok_or_else(bad)?,
+            unescape_token_part(i).ok_or_else(bad)?,
+        );
+        let pc = rt
+            .config
+            .policies
+            .get(&policy)
+            .ok_or_else(|| format!("unknown policy {policy:?}"))?;
         // The key must be one of this policy's keys: a token cannot touch other state.
         if !key.starts_with(&prefix) || !key.ends_with(&format!("}}:{policy}")) {
             return Err(bad());
         }
         let p = &pc.policy;
-        let algorithm = if p.shards > 1 { p.algorithm.per_shard(p.shards) } else { p.algorithm.clone() };
+        let algorithm = if p.shards > 1 {
+            p.algorithm.per_shard(p.shards)
+        } else {
+            p.algorithm.clone()
+        };
         if !matches!(algorithm, sluice::Algorithm::Concurrency { .. }) {
             return Err(format!("policy {policy:?} is not a concurrency policy"));
         }
-        leases.push(Lease { key, algorithm, id: LeaseId(id) });
+        leases.push(Lease {
+            key,
+            algorithm,
+            id: LeaseId(id),
+        });
     }
     Ok(leases)
 }
@@ -342,9 +414,16 @@ async fn check(State(shared): State<Shared>, req: Request) -> Response {
             return problem(StatusCode::BAD_REQUEST, &msg);
         }
     };
-    let items: Vec<_> = parsed.policies.iter().map(|p| (&parsed.identity, p, parsed.cost)).collect();
+    let items: Vec<_> = parsed
+        .policies
+        .iter()
+        .map(|p| (&parsed.identity, p, parsed.cost))
+        .collect();
     let checked = rt.limiter.check_many(&items).await;
-    let opts = HeaderOptions { ratelimit: true, legacy: rt.config.legacy_headers };
+    let opts = HeaderOptions {
+        ratelimit: true,
+        legacy: rt.config.legacy_headers,
+    };
     count("check", StatusCode::OK);
     json_response(StatusCode::OK, &check_answer(&checked, &opts))
 }
@@ -362,11 +441,17 @@ async fn release(State(shared): State<Shared>, req: Request) -> Response {
         Some(Value::String(s)) if !s.is_empty() => s,
         Some(other) => {
             count("release", StatusCode::BAD_REQUEST);
-            return problem(StatusCode::BAD_REQUEST, &format!("\"lease\" must be the token /v1/check returned, not {}", kind(&other)));
+            return problem(
+                StatusCode::BAD_REQUEST,
+                &format!("\"lease\" must be the token /v1/check returned, not {}", kind(&other)),
+            );
         }
         None => {
             count("release", StatusCode::BAD_REQUEST);
-            return problem(StatusCode::BAD_REQUEST, "missing \"lease\" (the token /v1/check returned)");
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "missing \"lease\" (the token /v1/check returned)",
+            );
         }
     };
     if let Some(k) = body.keys().next() {
@@ -386,7 +471,10 @@ async fn release(State(shared): State<Shared>, req: Request) -> Response {
             Ok(held) => released &= held,
             Err(e) => {
                 count("release", StatusCode::SERVICE_UNAVAILABLE);
-                return problem(StatusCode::SERVICE_UNAVAILABLE, &format!("could not release the lease: {e}; it expires by itself"));
+                return problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &format!("could not release the lease: {e}; it expires by itself"),
+                );
             }
         }
     }
@@ -401,8 +489,16 @@ async fn healthz() -> Response {
 async fn readyz(State(shared): State<Shared>) -> Response {
     let rt = shared.runtime();
     let store = rt.limiter.store().kind();
-    match probe_store(&rt.limiter, rt.config.store.timeout.max(std::time::Duration::from_millis(250))).await {
-        Ok(()) => json_response(StatusCode::OK, &json!({ "ready": true, "store": store, "generation": rt.generation })),
+    match probe_store(
+        &rt.limiter,
+        rt.config.store.timeout.max(std::time::Duration::from_millis(250)),
+    )
+    .await
+    {
+        Ok(()) => json_response(
+            StatusCode::OK,
+            &json!({ "ready": true, "store": store, "generation": rt.generation }),
+        ),
         Err(e) => json_response(
             StatusCode::SERVICE_UNAVAILABLE,
             &json!({ "ready": false, "store": store, "generation": rt.generation, "error": e.to_string() }),
@@ -412,8 +508,14 @@ async fn readyz(State(shared): State<Shared>) -> Response {
 
 /// Checks `Authorization: Bearer <admin_token>` when a token is configured.
 fn authorized(rt: &Runtime, req: &Request) -> bool {
-    let Some(token) = &rt.config.admin_token else { return true };
-    let given = req.headers().get(AUTHORIZATION).and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+    let Some(token) = &rt.config.admin_token else {
+        return true;
+    };
+    let given = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
     given.is_some_and(|g| constant_time_eq(g.trim().as_bytes(), token.as_bytes()))
 }
 
@@ -422,8 +524,12 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 fn unauthorized() -> Response {
-    let mut res = problem(StatusCode::UNAUTHORIZED, "this endpoint needs Authorization: Bearer <admin_token>");
-    res.headers_mut().insert(http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    let mut res = problem(
+        StatusCode::UNAUTHORIZED,
+        "this endpoint needs Authorization: Bearer <admin_token>",
+    );
+    res.headers_mut()
+        .insert(http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
     res
 }
 
@@ -433,7 +539,10 @@ async fn metrics_text(State(shared): State<Shared>, req: Request) -> Response {
     }
     match shared.render_metrics() {
         Some(text) => ([(CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response(),
-        None => problem(StatusCode::NOT_FOUND, "another metrics recorder is installed in this process"),
+        None => problem(
+            StatusCode::NOT_FOUND,
+            "another metrics recorder is installed in this process",
+        ),
     }
 }
 
@@ -545,9 +654,12 @@ pub async fn serve_http(
     router: Router,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router.into_make_service_with_connect_info::<std::net::SocketAddr>())
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
 }
 
 #[cfg(test)]
@@ -570,6 +682,12 @@ mod tests {
         for p in ["/v1/check", "/v1/release", "/healthz", "/readyz", "/metrics"] {
             assert!(doc["paths"][p].is_object(), "{p}");
         }
-        assert!(doc["components"]["schemas"]["CheckResponse"]["required"].as_array().unwrap().len() >= 7);
+        assert!(
+            doc["components"]["schemas"]["CheckResponse"]["required"]
+                .as_array()
+                .unwrap()
+                .len()
+                >= 7
+        );
     }
 }

@@ -81,7 +81,12 @@ pub fn validate(args: ValidateArgs) -> ExitCode {
             for e in &errors.0 {
                 eprintln!("{e}");
             }
-            eprintln!("{}: {} error{}", args.config.display(), errors.0.len(), if errors.0.len() == 1 { "" } else { "s" });
+            eprintln!(
+                "{}: {} error{}",
+                args.config.display(),
+                errors.0.len(),
+                if errors.0.len() == 1 { "" } else { "s" }
+            );
             ExitCode::from(1)
         }
     }

@@ -201,7 +201,12 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
         let name = path.display().to_string();
         let src = std::fs::read_to_string(path).map_err(|e| {
-            ConfigErrors(vec![ConfigError { file: name.clone(), line: None, field: "-".into(), message: e.to_string() }])
+            ConfigErrors(vec![ConfigError {
+                file: name.clone(),
+                line: None,
+                field: "-".into(),
+                message: e.to_string(),
+            }])
         })?;
         let mut c = parse(&src, &name, path.parent())?;
         c.path = Some(path.to_path_buf());
@@ -216,7 +221,12 @@ impl Config {
 
     /// The settings that need a new store connection when they change.
     pub fn store_identity(&self) -> (String, Duration, usize, String) {
-        (self.store.url.clone(), self.store.timeout, self.store.max_keys, self.store.key_prefix.clone())
+        (
+            self.store.url.clone(),
+            self.store.timeout,
+            self.store.max_keys,
+            self.store.key_prefix.clone(),
+        )
     }
 }
 
@@ -337,7 +347,16 @@ pub fn field_at(src: &str, offset: usize) -> String {
             let t = l.trim();
             if let Some(h) = t.strip_prefix("[[").and_then(|t| t.split("]]").next()) {
                 let h = h.trim();
-                let n = before.lines().filter(|l| l.trim().strip_prefix("[[").and_then(|t| t.split("]]").next()).map(str::trim) == Some(h)).count();
+                let n = before
+                    .lines()
+                    .filter(|l| {
+                        l.trim()
+                            .strip_prefix("[[")
+                            .and_then(|t| t.split("]]").next())
+                            .map(str::trim)
+                            == Some(h)
+                    })
+                    .count();
                 header = format!("{h}[{}]", n.saturating_sub(1));
                 break;
             }
@@ -352,9 +371,17 @@ pub fn field_at(src: &str, offset: usize) -> String {
         return header_of(line_end);
     }
     let header = header_of(line_start);
-    let key = line.split_once('=').map(|(k, _)| k.trim().trim_matches('"').to_string());
+    let key = line
+        .split_once('=')
+        .map(|(k, _)| k.trim().trim_matches('"').to_string());
     match (header.is_empty(), key) {
-        (_, None) => if header.is_empty() { "-".into() } else { header },
+        (_, None) => {
+            if header.is_empty() {
+                "-".into()
+            } else {
+                header
+            }
+        }
         (true, Some(k)) => k,
         (false, Some(k)) => format!("{header}.{k}"),
     }
@@ -406,7 +433,9 @@ fn failure_mode(s: &str) -> Result<FailureMode, String> {
 }
 
 fn duration(s: &str) -> Result<Duration, String> {
-    parse_duration_ms(s).map(Duration::from_millis).map_err(|e| e.to_string())
+    parse_duration_ms(s)
+        .map(Duration::from_millis)
+        .map_err(|e| e.to_string())
 }
 
 fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErrors> {
@@ -415,15 +444,24 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
         Err(e) => {
             let span = e.span().unwrap_or(0..0);
             let message = e.message().trim().to_string();
-            let mut field = if message.starts_with("unknown field") || message.starts_with("invalid")
-                || message.starts_with("missing field") || message.contains("expected")
+            let mut field = if message.starts_with("unknown field")
+                || message.starts_with("invalid")
+                || message.starts_with("missing field")
+                || message.contains("expected")
             {
                 field_at(src, span.start)
             } else {
                 "-".to_string()
             };
-            if let Some(m) = message.strip_prefix("missing field `").and_then(|m| m.split('`').next()) {
-                field = if field == "-" { m.to_string() } else { format!("{field}.{m}") };
+            if let Some(m) = message
+                .strip_prefix("missing field `")
+                .and_then(|m| m.split('`').next())
+            {
+                field = if field == "-" {
+                    m.to_string()
+                } else {
+                    format!("{field}.{m}")
+                };
             }
             return Err(ConfigErrors(vec![ConfigError {
                 file: file.to_string(),
@@ -433,7 +471,11 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
             }]));
         }
     };
-    let mut ck = Checker { src, file, errors: Vec::new() };
+    let mut ck = Checker {
+        src,
+        file,
+        errors: Vec::new(),
+    };
 
     // [server]
     let addr = |ck: &mut Checker<'_>, v: &Option<Spanned<String>>, field: &str, default: &str| -> SocketAddr {
@@ -441,7 +483,14 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
         match v {
             None => fallback,
             Some(s) => s.get_ref().parse().unwrap_or_else(|_| {
-                ck.at(s.span(), field, format!("invalid address {:?}: expected IP:PORT such as 127.0.0.1:8080", s.get_ref()));
+                ck.at(
+                    s.span(),
+                    field,
+                    format!(
+                        "invalid address {:?}: expected IP:PORT such as 127.0.0.1:8080",
+                        s.get_ref()
+                    ),
+                );
                 fallback
             }),
         }
@@ -471,7 +520,12 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
             }),
         }
     };
-    let shutdown_grace = dur(&mut ck, &s.shutdown_grace, "server.shutdown_grace", Duration::from_secs(10));
+    let shutdown_grace = dur(
+        &mut ck,
+        &s.shutdown_grace,
+        "server.shutdown_grace",
+        Duration::from_secs(10),
+    );
     let reload_poll = dur(&mut ck, &s.reload_poll, "server.reload_poll", Duration::from_secs(2));
 
     // [store]
@@ -487,7 +541,11 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
     };
     let timeout = dur(&mut ck, &st.timeout, "store.timeout", Duration::from_millis(50));
     if timeout.is_zero() {
-        ck.at(st.timeout.as_ref().map_or(0..0, |t| t.span()), "store.timeout", "must be above 0");
+        ck.at(
+            st.timeout.as_ref().map_or(0..0, |t| t.span()),
+            "store.timeout",
+            "must be above 0",
+        );
     }
     let default_failure = match &st.failure_mode {
         None => FailureMode::Open,
@@ -508,7 +566,11 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
         None => "rl".to_string(),
         Some(p) => {
             if sluice::core::policy::validate_policy_name(p.get_ref()).is_err() {
-                ck.at(p.span(), "store.key_prefix", "must be 1 to 64 ASCII letters, digits, '-', '_' or '.'");
+                ck.at(
+                    p.span(),
+                    "store.key_prefix",
+                    "must be 1 to 64 ASCII letters, digits, '-', '_' or '.'",
+                );
             }
             p.get_ref().clone()
         }
@@ -517,7 +579,11 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
     // Secrets.
     let admin_token = raw.admin_token.as_ref().and_then(|t| match secret(t.get_ref()) {
         Ok(v) if v.is_empty() => {
-            ck.at(t.span(), "admin_token", "must not be empty (omit it to leave admin endpoints open)");
+            ck.at(
+                t.span(),
+                "admin_token",
+                "must not be empty (omit it to leave admin endpoints open)",
+            );
             None
         }
         Ok(v) => Some(v),
@@ -566,14 +632,22 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
             match http::Method::from_bytes(m.get_ref().to_ascii_uppercase().as_bytes()) {
                 Ok(method) => methods.push(method),
                 Err(_) => {
-                    ck.at(m.span(), format!("{field}.methods"), format!("invalid method {:?}", m.get_ref()));
+                    ck.at(
+                        m.span(),
+                        format!("{field}.methods"),
+                        format!("invalid method {:?}", m.get_ref()),
+                    );
                     ok = false;
                 }
             }
         }
         for p in &rr.policies {
             if !raw.policies.keys().any(|k| k.get_ref() == p.get_ref()) {
-                ck.at(p.span(), format!("{field}.policies"), format!("unknown policy {:?}", p.get_ref()));
+                ck.at(
+                    p.span(),
+                    format!("{field}.policies"),
+                    format!("unknown policy {:?}", p.get_ref()),
+                );
                 ok = false;
             }
         }
@@ -584,7 +658,14 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
                 None
             }
             _ => {
-                ck.at(rr.upstream.span(), format!("{field}.upstream"), format!("invalid upstream {:?}: expected http://HOST:PORT[/base]", rr.upstream.get_ref()));
+                ck.at(
+                    rr.upstream.span(),
+                    format!("{field}.upstream"),
+                    format!(
+                        "invalid upstream {:?}: expected http://HOST:PORT[/base]",
+                        rr.upstream.get_ref()
+                    ),
+                );
                 None
             }
         };
@@ -597,7 +678,7 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
             });
         }
     }
-    routes.sort_by(|a, b| b.prefix.len().cmp(&a.prefix.len()));
+    routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
 
     // [proxy]
     let mut trusted = Vec::new();
@@ -607,17 +688,25 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
         if ok {
             trusted.push(v.clone());
         } else {
-            ck.at(t.span(), "proxy.trusted_proxies", format!("invalid network {v:?}: expected an address or CIDR such as 10.0.0.0/8"));
+            ck.at(
+                t.span(),
+                "proxy.trusted_proxies",
+                format!("invalid network {v:?}: expected an address or CIDR such as 10.0.0.0/8"),
+            );
         }
     }
-    let upstream_timeout = raw.proxy.upstream_timeout.as_ref().and_then(|t| match duration(t.get_ref()) {
-        Ok(d) if !d.is_zero() => Some(d),
-        Ok(_) => None,
-        Err(e) => {
-            ck.at(t.span(), "proxy.upstream_timeout", e);
-            None
-        }
-    });
+    let upstream_timeout = raw
+        .proxy
+        .upstream_timeout
+        .as_ref()
+        .and_then(|t| match duration(t.get_ref()) {
+            Ok(d) if !d.is_zero() => Some(d),
+            Ok(_) => None,
+            Err(e) => {
+                ck.at(t.span(), "proxy.upstream_timeout", e);
+                None
+            }
+        });
 
     // [envoy]
     let mut domain_files: Vec<DomainFile> = Vec::new();
@@ -644,7 +733,13 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
     let domains = match Domains::compile(&domain_files, raw.shadow) {
         Ok(d) => d,
         Err(e) => {
-            let span = raw.envoy.domains.first().map(|d| d.span()).or_else(|| raw.envoy.files.first().map(|f| f.span())).unwrap_or(0..0);
+            let span = raw
+                .envoy
+                .domains
+                .first()
+                .map(|d| d.span())
+                .or_else(|| raw.envoy.files.first().map(|f| f.span()))
+                .unwrap_or(0..0);
             ck.at(span, "envoy.domains", e);
             Domains::default()
         }
@@ -667,7 +762,13 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
             shutdown_grace,
             reload_poll,
         },
-        store: StoreConfig { url, timeout, failure_mode: default_failure, max_keys, key_prefix },
+        store: StoreConfig {
+            url,
+            timeout,
+            failure_mode: default_failure,
+            max_keys,
+            key_prefix,
+        },
         identity_hash_key,
         admin_token,
         shadow: raw.shadow,
@@ -675,7 +776,10 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
         watched,
         policies,
         routes,
-        proxy: ProxyConfig { trusted_proxies: trusted, upstream_timeout },
+        proxy: ProxyConfig {
+            trusted_proxies: trusted,
+            upstream_timeout,
+        },
         domains: Arc::new(domains),
     })
 }
@@ -693,7 +797,12 @@ pub fn load_domain_yaml(text: &str, file: &str) -> Result<DomainFile, ConfigErro
             Some((path, m)) if !path.contains(' ') => (path.to_string(), m.to_string()),
             _ => ("domain".to_string(), msg),
         };
-        ConfigError { file: file.to_string(), line, field, message }
+        ConfigError {
+            file: file.to_string(),
+            line,
+            field,
+            message,
+        }
     })
 }
 
@@ -725,7 +834,11 @@ fn check_policy(
                 Rate::per_second(1)
             }),
             None => {
-                ck.at(header.clone(), f("rate"), format!("{alg_name} needs rate (such as 5/s, 300/min)"));
+                ck.at(
+                    header.clone(),
+                    f("rate"),
+                    format!("{alg_name} needs rate (such as 5/s, 300/min)"),
+                );
                 Rate::per_second(1)
             }
         }
@@ -751,29 +864,49 @@ fn check_policy(
         }
     };
     let algorithm = match alg_name {
-        "token-bucket" => Algorithm::TokenBucket { capacity: need_u64(ck, &r.capacity, "capacity"), rate: rate(ck) },
-        "gcra" => Algorithm::Gcra { rate: rate(ck), burst: r.burst.as_ref().map_or(0, |b| *b.get_ref()) },
+        "token-bucket" => Algorithm::TokenBucket {
+            capacity: need_u64(ck, &r.capacity, "capacity"),
+            rate: rate(ck),
+        },
+        "gcra" => Algorithm::Gcra {
+            rate: rate(ck),
+            burst: r.burst.as_ref().map_or(0, |b| *b.get_ref()),
+        },
         "leaky-bucket" => {
             let mode = match r.mode.as_ref().map(|m| (m.get_ref().as_str(), m.span())) {
                 None | Some(("policing", _)) => LeakyMode::Policing,
                 Some(("shaping", _)) => LeakyMode::Shaping,
                 Some((other, span)) => {
-                    ck.at(span, f("mode"), format!("unknown leaky-bucket mode {other:?}: expected policing or shaping"));
+                    ck.at(
+                        span,
+                        f("mode"),
+                        format!("unknown leaky-bucket mode {other:?}: expected policing or shaping"),
+                    );
                     LeakyMode::Policing
                 }
             };
-            Algorithm::LeakyBucket { capacity: need_u64(ck, &r.capacity, "capacity"), rate: rate(ck), mode }
+            Algorithm::LeakyBucket {
+                capacity: need_u64(ck, &r.capacity, "capacity"),
+                rate: rate(ck),
+                mode,
+            }
         }
-        "fixed-window" => Algorithm::FixedWindow { limit: need_u64(ck, &r.limit, "limit"), window_ms: window(ck, &r.window, "window", None) },
-        "sliding-counter" => {
-            Algorithm::SlidingWindowCounter { limit: need_u64(ck, &r.limit, "limit"), window_ms: window(ck, &r.window, "window", None) }
-        }
-        "sliding-log" => {
-            Algorithm::SlidingWindowLog { limit: need_u64(ck, &r.limit, "limit"), window_ms: window(ck, &r.window, "window", None) }
-        }
-        "concurrency" => {
-            Algorithm::Concurrency { limit: need_u64(ck, &r.limit, "limit"), lease_ms: window(ck, &r.lease, "lease", Some(30_000)) }
-        }
+        "fixed-window" => Algorithm::FixedWindow {
+            limit: need_u64(ck, &r.limit, "limit"),
+            window_ms: window(ck, &r.window, "window", None),
+        },
+        "sliding-counter" => Algorithm::SlidingWindowCounter {
+            limit: need_u64(ck, &r.limit, "limit"),
+            window_ms: window(ck, &r.window, "window", None),
+        },
+        "sliding-log" => Algorithm::SlidingWindowLog {
+            limit: need_u64(ck, &r.limit, "limit"),
+            window_ms: window(ck, &r.window, "window", None),
+        },
+        "concurrency" => Algorithm::Concurrency {
+            limit: need_u64(ck, &r.limit, "limit"),
+            lease_ms: window(ck, &r.lease, "lease", Some(30_000)),
+        },
         other => {
             ck.at(
                 r.algorithm.span(),
@@ -804,16 +937,20 @@ fn check_policy(
         ("lease", r.lease.as_ref().map(|v| v.span())),
     ];
     for (k, span) in given {
-        if let Some(span) = span {
-            if !allowed.contains(&k) {
-                ck.at(span, f(k), format!("{alg_name} takes no {k} (it takes {})", allowed.join(", ")));
-            }
+        if let Some(span) = span
+            && !allowed.contains(&k)
+        {
+            ck.at(
+                span,
+                f(k),
+                format!("{alg_name} takes no {k} (it takes {})", allowed.join(", ")),
+            );
         }
     }
-    if ck.errors.len() == before {
-        if let Err(e) = algorithm.validate() {
-            ck.at(r.algorithm.span(), f("algorithm"), e.to_string());
-        }
+    if ck.errors.len() == before
+        && let Err(e) = algorithm.validate()
+    {
+        ck.at(r.algorithm.span(), f("algorithm"), e.to_string());
     }
     let failure = match &r.failure_mode {
         None => default_failure,
@@ -840,8 +977,17 @@ fn check_policy(
     if ck.errors.len() != before {
         return None;
     }
-    let policy = Policy { name: name.to_string(), algorithm, failure_mode: failure, shadow: r.shadow || global_shadow, shards };
-    Some(PolicyConfig { policy: Arc::new(policy), identity })
+    let policy = Policy {
+        name: name.to_string(),
+        algorithm,
+        failure_mode: failure,
+        shadow: r.shadow || global_shadow,
+        shards,
+    };
+    Some(PolicyConfig {
+        policy: Arc::new(policy),
+        identity,
+    })
 }
 
 #[cfg(test)]
@@ -913,10 +1059,26 @@ rate_limit = { unit = "minute", requests_per_unit = 10 }
         let c = Config::parse(GOOD, "sluice.toml", None).unwrap();
         assert_eq!(c.policies.len(), 3);
         let burst = &c.policies["burst"];
-        assert_eq!(burst.policy.algorithm, Algorithm::TokenBucket { capacity: 10, rate: Rate::per_second(5) });
-        assert_eq!(burst.policy.failure_mode, FailureMode::Closed, "inherits the store's failure mode");
+        assert_eq!(
+            burst.policy.algorithm,
+            Algorithm::TokenBucket {
+                capacity: 10,
+                rate: Rate::per_second(5)
+            }
+        );
+        assert_eq!(
+            burst.policy.failure_mode,
+            FailureMode::Closed,
+            "inherits the store's failure mode"
+        );
         assert_eq!(c.policies["daily"].policy.failure_mode, FailureMode::Open);
-        assert_eq!(c.policies["uploads"].policy.algorithm, Algorithm::Concurrency { limit: 2, lease_ms: 30_000 });
+        assert_eq!(
+            c.policies["uploads"].policy.algorithm,
+            Algorithm::Concurrency {
+                limit: 2,
+                lease_ms: 30_000
+            }
+        );
         assert!(matches!(burst.identity, IdentitySource::ApiKey(_)));
         assert_eq!(c.routes[0].prefix, "/api/v2/", "longest prefix first");
         assert_eq!(c.routes[1].methods, vec![http::Method::GET, http::Method::POST]);
@@ -957,7 +1119,10 @@ rate_limit = { unit = "minute", requests_per_unit = 10 }
     #[test]
     fn missing_fields_name_the_table() {
         let e = one("\n[policies.a]\ncapacity = 3\n");
-        assert!(e.starts_with("sluice.toml:2: policies.a.algorithm: missing field"), "{e}");
+        assert!(
+            e.starts_with("sluice.toml:2: policies.a.algorithm: missing field"),
+            "{e}"
+        );
         let e = one("[[routes]]\nprefix = \"/\"\n");
         assert!(e.starts_with("sluice.toml:1: routes[0].upstream: missing field"), "{e}");
     }
@@ -1010,7 +1175,10 @@ timeout = \"fast\"
     #[test]
     fn algorithm_limits_are_checked() {
         let e = one("[policies.a]\nalgorithm = \"token-bucket\"\ncapacity = 0\nrate = \"1/s\"\n");
-        assert!(e.starts_with("sluice.toml:2: policies.a.algorithm: capacity must be at least 1"), "{e}");
+        assert!(
+            e.starts_with("sluice.toml:2: policies.a.algorithm: capacity must be at least 1"),
+            "{e}"
+        );
         let e = one("[policies.\"bad name\"]\nalgorithm = \"gcra\"\nrate = \"1/s\"\n");
         assert!(e.starts_with("sluice.toml:1: policies.bad name:"), "{e}");
     }
@@ -1073,12 +1241,26 @@ rate_limit = { unit = \"fortnight\", requests_per_unit = 1 }
         std::fs::write(dir.join("bad.yaml"), "domain: other\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: many\n").unwrap();
         let c = Config::parse("[envoy]\nfiles = [\"good.yaml\"]\n", "s.toml", Some(&dir)).unwrap();
         assert!(c.domains.has("edge"));
-        let e = Config::parse("[envoy]\nfiles = [\"good.yaml\", \"bad.yaml\", \"missing.yaml\"]\n", "s.toml", Some(&dir)).unwrap_err();
+        let e = Config::parse(
+            "[envoy]\nfiles = [\"good.yaml\", \"bad.yaml\", \"missing.yaml\"]\n",
+            "s.toml",
+            Some(&dir),
+        )
+        .unwrap_err();
         let lines: Vec<String> = e.0.iter().map(|e| e.to_string()).collect();
         assert_eq!(lines.len(), 2, "{lines:#?}");
-        assert!(lines.iter().any(|l| l.ends_with("bad.yaml:6: descriptors[0].rate_limit.requests_per_unit: invalid type: string \"many\", expected u32")
-            || l.contains("bad.yaml:6:")), "{lines:#?}");
-        assert!(lines.iter().any(|l| l.starts_with("s.toml:2: envoy.files:") && l.contains("missing.yaml")), "{lines:#?}");
+        assert!(
+            lines.iter().any(|l| l.ends_with(
+                "bad.yaml:6: descriptors[0].rate_limit.requests_per_unit: invalid type: string \"many\", expected u32"
+            ) || l.contains("bad.yaml:6:")),
+            "{lines:#?}"
+        );
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("s.toml:2: envoy.files:") && l.contains("missing.yaml")),
+            "{lines:#?}"
+        );
         std::fs::remove_dir_all(&dir).ok();
     }
 

@@ -160,12 +160,25 @@ impl EnvoyAlgorithm {
     pub fn algorithm(self, rpu: u64, unit_ms: u64) -> Algorithm {
         let rate = Rate::new(rpu, unit_ms);
         match self {
-            EnvoyAlgorithm::FixedWindow => Algorithm::FixedWindow { limit: rpu, window_ms: unit_ms },
-            EnvoyAlgorithm::SlidingCounter => Algorithm::SlidingWindowCounter { limit: rpu, window_ms: unit_ms },
-            EnvoyAlgorithm::SlidingLog => Algorithm::SlidingWindowLog { limit: rpu, window_ms: unit_ms },
+            EnvoyAlgorithm::FixedWindow => Algorithm::FixedWindow {
+                limit: rpu,
+                window_ms: unit_ms,
+            },
+            EnvoyAlgorithm::SlidingCounter => Algorithm::SlidingWindowCounter {
+                limit: rpu,
+                window_ms: unit_ms,
+            },
+            EnvoyAlgorithm::SlidingLog => Algorithm::SlidingWindowLog {
+                limit: rpu,
+                window_ms: unit_ms,
+            },
             EnvoyAlgorithm::TokenBucket => Algorithm::TokenBucket { capacity: rpu, rate },
             EnvoyAlgorithm::Gcra => Algorithm::Gcra { rate, burst: rpu - 1 },
-            EnvoyAlgorithm::LeakyBucket => Algorithm::LeakyBucket { capacity: rpu, rate, mode: LeakyMode::Policing },
+            EnvoyAlgorithm::LeakyBucket => Algorithm::LeakyBucket {
+                capacity: rpu,
+                rate,
+                mode: LeakyMode::Policing,
+            },
         }
     }
 }
@@ -312,10 +325,10 @@ impl TryFrom<RawRateLimit> for RateLimitFile {
         };
         let name = r.name.filter(|n| !n.is_empty());
         let limit = if r.unlimited {
-            if let Some(u) = &r.unit {
-                if u.parse::<Unit>().is_ok() {
-                    return Err("should not specify rate limit unit when unlimited".into());
-                }
+            if let Some(u) = &r.unit
+                && u.parse::<Unit>().is_ok()
+            {
+                return Err("should not specify rate limit unit when unlimited".into());
             }
             None
         } else {
@@ -342,7 +355,12 @@ impl TryFrom<RawRateLimit> for RateLimitFile {
             }
             replaces.push(rep.name);
         }
-        Ok(RateLimitFile { limit, algorithm, name, replaces })
+        Ok(RateLimitFile {
+            limit,
+            algorithm,
+            name,
+            replaces,
+        })
     }
 }
 
@@ -386,12 +404,23 @@ fn policy_safe(c: char) -> bool {
 /// The policy name of an Envoy limit: its name (or `envoy`) with the algorithm and parameters,
 /// so editing a limit never reuses state written under other parameters.
 pub fn policy_name(name: Option<&str>, algorithm: &Algorithm, rpu: u32, unit: Unit) -> String {
-    let base: String = name.unwrap_or("envoy").chars().map(|c| if policy_safe(c) { c } else { '_' }).take(24).collect();
+    let base: String = name
+        .unwrap_or("envoy")
+        .chars()
+        .map(|c| if policy_safe(c) { c } else { '_' })
+        .take(24)
+        .collect();
     format!("{base}.{}.{rpu}.{}", algorithm.kind(), unit.name())
 }
 
 /// Builds the policy of `rpu` per `unit` (`None` when `rpu` is 0).
-pub fn build_policy(name: Option<&str>, alg: EnvoyAlgorithm, rpu: u32, unit: Unit, shadow: bool) -> Option<Arc<Policy>> {
+pub fn build_policy(
+    name: Option<&str>,
+    alg: EnvoyAlgorithm,
+    rpu: u32,
+    unit: Unit,
+    shadow: bool,
+) -> Option<Arc<Policy>> {
     if rpu == 0 {
         return None;
     }
@@ -446,18 +475,22 @@ impl Domains {
                 .children
                 .get(&exact)
                 .or_else(|| {
-                    level.wildcards.iter().find(|w| exact.starts_with(w.as_str())).and_then(|w| {
-                        let mut k = w.clone();
-                        k.push('*');
-                        level.children.get(&k)
-                    })
+                    level
+                        .wildcards
+                        .iter()
+                        .find(|w| exact.starts_with(w.as_str()))
+                        .and_then(|w| {
+                            let mut k = w.clone();
+                            k.push('*');
+                            level.children.get(&k)
+                        })
                 })
                 .or_else(|| level.children.get(*key));
             let Some(next) = next else { break };
-            if let Some(limit) = &next.limit {
-                if i == entries.len() - 1 {
-                    found = Some(Arc::clone(limit));
-                }
+            if let Some(limit) = &next.limit
+                && i == entries.len() - 1
+            {
+                found = Some(Arc::clone(limit));
             }
             if next.children.is_empty() {
                 break;
@@ -474,7 +507,9 @@ fn load(node: &mut Node, parent: &str, descriptors: &[DescriptorFile], global_sh
         let ck = d.composite_key();
         let full_key = format!("{parent}.{ck}");
         let limit = d.rate_limit.as_ref().map(|rl| {
-            let policy = rl.limit.and_then(|(rpu, unit)| build_policy(rl.name.as_deref(), rl.algorithm, rpu, unit, shadow));
+            let policy = rl
+                .limit
+                .and_then(|(rpu, unit)| build_policy(rl.name.as_deref(), rl.algorithm, rpu, unit, shadow));
             Arc::new(Limit {
                 full_key: full_key.clone(),
                 name: rl.name.clone(),
@@ -484,7 +519,10 @@ fn load(node: &mut Node, parent: &str, descriptors: &[DescriptorFile], global_sh
                 policy,
             })
         });
-        let mut child = Node { limit, ..Node::default() };
+        let mut child = Node {
+            limit,
+            ..Node::default()
+        };
         load(&mut child, &full_key, &d.descriptors.0, global_shadow);
         if let Some(prefix) = ck.strip_suffix('*') {
             node.wildcards.push(prefix.to_string());
@@ -572,7 +610,13 @@ pub fn plan(domains: &Domains, domain: &str, request_hits: u32, descriptors: &[R
                     limit: Some((rpu, unit)),
                     replaces: vec![],
                     shadow: domains.global_shadow,
-                    policy: build_policy(Some("override"), EnvoyAlgorithm::FixedWindow, rpu, unit, domains.global_shadow),
+                    policy: build_policy(
+                        Some("override"),
+                        EnvoyAlgorithm::FixedWindow,
+                        rpu,
+                        unit,
+                        domains.global_shadow,
+                    ),
                 })
             }),
             _ => domains.lookup(domain, &d.entries),
@@ -688,13 +732,20 @@ descriptors:
         let ip = d.lookup("edge", &[("remote_address", "1")]).unwrap();
         assert_eq!(
             ip.policy.as_ref().unwrap().algorithm,
-            Algorithm::FixedWindow { limit: 10, window_ms: 60_000 }
+            Algorithm::FixedWindow {
+                limit: 10,
+                window_ms: 60_000
+            }
         );
         assert_eq!(ip.policy.as_ref().unwrap().name, "envoy.fixed-window.10.minute");
     }
 
     fn desc<'a>(entries: &[(&'a str, &'a str)]) -> RequestDescriptor<'a> {
-        RequestDescriptor { entries: entries.to_vec(), limit_override: None, hits_addend: None }
+        RequestDescriptor {
+            entries: entries.to_vec(),
+            limit_override: None,
+            hits_addend: None,
+        }
     }
 
     #[test]
@@ -705,11 +756,15 @@ descriptors:
             other => panic!("{other:?}"),
         };
         let ip = desc(&[("remote_address", "1")]);
-        assert_eq!(cost(&plan(&d, "edge", 0, &[ip.clone()])[0]), 1, "0 means 1");
-        assert_eq!(cost(&plan(&d, "edge", 3, &[ip.clone()])[0]), 3);
+        assert_eq!(cost(&plan(&d, "edge", 0, std::slice::from_ref(&ip))[0]), 1, "0 means 1");
+        assert_eq!(cost(&plan(&d, "edge", 3, std::slice::from_ref(&ip))[0]), 3);
         let mut own = ip.clone();
         own.hits_addend = Some(5);
-        assert_eq!(cost(&plan(&d, "edge", 3, &[own.clone()])[0]), 5, "descriptor overrides request");
+        assert_eq!(
+            cost(&plan(&d, "edge", 3, &[own.clone()])[0]),
+            5,
+            "descriptor overrides request"
+        );
         own.hits_addend = Some(0);
         assert_eq!(cost(&plan(&d, "edge", 3, &[own])[0]), 0, "explicit 0 only checks");
     }
@@ -725,7 +780,10 @@ descriptors:
         // Even where nothing is configured, but only in a known domain.
         let mut unmatched = desc(&[("nothing", "x")]);
         unmatched.limit_override = Some((7, 1));
-        assert!(matches!(plan(&d, "edge", 0, &[unmatched.clone()])[0], Plan::Check { .. }));
+        assert!(matches!(
+            plan(&d, "edge", 0, &[unmatched.clone()])[0],
+            Plan::Check { .. }
+        ));
         assert!(matches!(plan(&d, "unknown", 0, &[unmatched])[0], Plan::NoLimit));
     }
 
@@ -743,8 +801,14 @@ descriptors:
     #[test]
     fn unlimited_zero_and_shadow() {
         let d = domains(REFERENCE);
-        assert!(matches!(plan(&d, "edge", 0, &[desc(&[("path", "/static/x")])])[0], Plan::Unlimited));
-        assert!(matches!(plan(&d, "edge", 0, &[desc(&[("banned", "x")])])[0], Plan::Zero(_)));
+        assert!(matches!(
+            plan(&d, "edge", 0, &[desc(&[("path", "/static/x")])])[0],
+            Plan::Unlimited
+        ));
+        assert!(matches!(
+            plan(&d, "edge", 0, &[desc(&[("banned", "x")])])[0],
+            Plan::Zero(_)
+        ));
         let p = plan(&d, "edge", 0, &[desc(&[("trial", "x")])]);
         let Plan::Check { limit, .. } = &p[0] else { panic!() };
         assert!(limit.shadow && limit.policy.as_ref().unwrap().shadow);
@@ -758,12 +822,16 @@ descriptors:
         let c = envoy_identity("d", &[("a", "b"), ("c", "d")]);
         let e = envoy_identity("d", &[("a", "b/c=d")]);
         assert_ne!(c, e);
-        assert_eq!(envoy_identity("edge", &[("remote_address", "10.0.0.1")]).as_str(), "envoy:edge:remote_address=10.0.0.1");
+        assert_eq!(
+            envoy_identity("edge", &[("remote_address", "10.0.0.1")]).as_str(),
+            "envoy:edge:remote_address=10.0.0.1"
+        );
     }
 
     #[test]
     fn file_errors_carry_lines() {
-        let bad = "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n";
+        let bad =
+            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n";
         let e = serde_yaml::from_str::<DomainFile>(bad).unwrap_err();
         assert!(e.to_string().contains("fortnight"), "{e}");
         assert!(e.location().is_some());
@@ -774,6 +842,11 @@ descriptors:
         let e = serde_yaml::from_str::<DomainFile>(unknown).unwrap_err();
         assert_eq!(e.location().unwrap().line(), 4, "{e}");
         let unl = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unlimited: true, unit: second }\n";
-        assert!(serde_yaml::from_str::<DomainFile>(unl).unwrap_err().to_string().contains("unlimited"));
+        assert!(
+            serde_yaml::from_str::<DomainFile>(unl)
+                .unwrap_err()
+                .to_string()
+                .contains("unlimited")
+        );
     }
 }

@@ -85,7 +85,10 @@ pub struct BoundAddrs {
 }
 
 async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, ServeError> {
-    TcpListener::bind(addr).await.map_err(|source| ServeError::Io { what: format!("binding the {what} listener to {addr}"), source })
+    TcpListener::bind(addr).await.map_err(|source| ServeError::Io {
+        what: format!("binding the {what} listener to {addr}"),
+        source,
+    })
 }
 
 impl Listeners {
@@ -93,20 +96,32 @@ impl Listeners {
     pub async fn bind(config: &Config) -> Result<Self, ServeError> {
         let http = bind(config.server.http, "HTTP").await?;
         let grpc = bind(config.server.grpc, "gRPC").await?;
-        let proxy = if config.routes.is_empty() { None } else { Some(bind(config.server.proxy, "proxy").await?) };
+        let proxy = if config.routes.is_empty() {
+            None
+        } else {
+            Some(bind(config.server.proxy, "proxy").await?)
+        };
         Ok(Self { http, grpc, proxy })
     }
 
     /// The bound addresses.
     pub fn addrs(&self) -> BoundAddrs {
         let addr = |l: &TcpListener| l.local_addr().expect("bound listener has an address");
-        BoundAddrs { http: addr(&self.http), grpc: addr(&self.grpc), proxy: self.proxy.as_ref().map(addr) }
+        BoundAddrs {
+            http: addr(&self.http),
+            grpc: addr(&self.grpc),
+            proxy: self.proxy.as_ref().map(addr),
+        }
     }
 }
 
 /// Runs the service until `shutdown` resolves, then stops accepting, lets requests in flight
 /// finish (up to `server.shutdown_grace`) and returns.
-pub async fn run(config: Config, listeners: Listeners, shutdown: impl Future<Output = ()> + Send) -> Result<(), ServeError> {
+pub async fn run(
+    config: Config,
+    listeners: Listeners,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
     let limiter = state::build_limiter(&config).await?;
     let grace = config.server.shutdown_grace;
     let shared = Shared::new(config, limiter);
@@ -148,8 +163,14 @@ async fn run_shared(
     let servers = async {
         let (g, h, p, ()) = tokio::join!(grpc, http, proxy, watcher);
         g?;
-        h.map_err(|source| ServeError::Io { what: "HTTP listener".into(), source })?;
-        p.map_err(|source| ServeError::Io { what: "proxy listener".into(), source })?;
+        h.map_err(|source| ServeError::Io {
+            what: "HTTP listener".into(),
+            source,
+        })?;
+        p.map_err(|source| ServeError::Io {
+            what: "proxy listener".into(),
+            source,
+        })?;
         Ok::<(), ServeError>(())
     };
     tokio::pin!(servers);

@@ -87,8 +87,14 @@ fn layer_source(config: &Config, s: &IdentitySource) -> Option<LayerSource> {
 fn build_table(rt: &Runtime, client: &HttpClient) -> Table {
     let config = &rt.config;
     let trusted = TrustedProxies::cidrs(&config.proxy.trusted_proxies).unwrap_or_default();
-    let client_ip = ClientIpConfig { trusted, ..ClientIpConfig::default() };
-    let headers = HeaderOptions { ratelimit: true, legacy: config.legacy_headers };
+    let client_ip = ClientIpConfig {
+        trusted,
+        ..ClientIpConfig::default()
+    };
+    let headers = HeaderOptions {
+        ratelimit: true,
+        legacy: config.legacy_headers,
+    };
     let mut routes = Vec::with_capacity(config.routes.len());
     for route in &config.routes {
         let upstream = route.upstream.clone();
@@ -126,7 +132,10 @@ fn build_table(rt: &Runtime, client: &HttpClient) -> Table {
         }
         routes.push((route.clone(), service));
     }
-    Table { generation: rt.generation, routes }
+    Table {
+        generation: rt.generation,
+        routes,
+    }
 }
 
 fn prefix_matches(prefix: &str, path: &str) -> bool {
@@ -136,8 +145,16 @@ fn prefix_matches(prefix: &str, path: &str) -> bool {
 }
 
 /// Headers that describe one connection, not the message; never forwarded.
-const HOP_BY_HOP: [&str; 8] =
-    ["connection", "keep-alive", "proxy-connection", "transfer-encoding", "te", "trailer", "upgrade", "proxy-authenticate"];
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "transfer-encoding",
+    "te",
+    "trailer",
+    "upgrade",
+    "proxy-authenticate",
+];
 
 fn strip_hop_by_hop(h: &mut HeaderMap) {
     let listed: Vec<HeaderName> = h
@@ -185,7 +202,9 @@ async fn forward(client: &HttpClient, upstream: &Uri, timeout: Option<Duration>,
     if let Some(host) = parts.headers.get(HOST).cloned() {
         parts.headers.insert("x-forwarded-host", host);
     }
-    parts.headers.insert("x-forwarded-proto", HeaderValue::from_static("http"));
+    parts
+        .headers
+        .insert("x-forwarded-proto", HeaderValue::from_static("http"));
     parts.uri = uri;
     parts.version = http::Version::HTTP_11;
     let out = http::Request::from_parts(parts, body);
@@ -193,7 +212,12 @@ async fn forward(client: &HttpClient, upstream: &Uri, timeout: Option<Duration>,
     let result = match timeout {
         Some(t) => match tokio::time::timeout(t, sent).await {
             Ok(r) => r,
-            Err(_) => return problem(StatusCode::GATEWAY_TIMEOUT, &format!("the upstream did not answer within {t:?}")),
+            Err(_) => {
+                return problem(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    &format!("the upstream did not answer within {t:?}"),
+                );
+            }
         },
         None => sent.await,
     };
@@ -249,7 +273,11 @@ pub async fn serve(
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(Duration::from_secs(5)));
     let client: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
-    let state = ProxyState { shared, client, table: Arc::new(Mutex::new(None)) };
+    let state = ProxyState {
+        shared,
+        client,
+        table: Arc::new(Mutex::new(None)),
+    };
     let router = axum::Router::new().fallback(dispatch).with_state(state);
     axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(shutdown)
@@ -266,7 +294,10 @@ mod tests {
         let u = upstream_uri(&up, &"/api/x?y=1".parse().unwrap()).unwrap();
         assert_eq!(u.to_string(), "http://127.0.0.1:9/base/api/x?y=1");
         let up: Uri = "http://127.0.0.1:9".parse().unwrap();
-        assert_eq!(upstream_uri(&up, &"/".parse().unwrap()).unwrap().to_string(), "http://127.0.0.1:9/");
+        assert_eq!(
+            upstream_uri(&up, &"/".parse().unwrap()).unwrap().to_string(),
+            "http://127.0.0.1:9/"
+        );
     }
 
     #[test]

@@ -24,7 +24,10 @@ pub async fn reload(shared: &Shared, trigger: &str) -> Result<u64, Vec<String>> 
     };
     let fail = |errors: Vec<String>| {
         for e in &errors {
-            tracing::error!(trigger, "config reload rejected, keeping the running configuration: {e}");
+            tracing::error!(
+                trigger,
+                "config reload rejected, keeping the running configuration: {e}"
+            );
         }
         metrics::counter!("sluice_config_reloads_total", "result" => "error").increment(1);
         Err(errors)
@@ -44,7 +47,10 @@ pub async fn reload(shared: &Shared, trigger: &str) -> Result<u64, Vec<String>> 
     let old = &current.config.server;
     let new = &config.server;
     if (old.http, old.grpc, old.proxy) != (new.http, new.grpc, new.proxy) {
-        tracing::warn!("listener addresses changed in {}; they take effect at the next restart", path.display());
+        tracing::warn!(
+            "listener addresses changed in {}; they take effect at the next restart",
+            path.display()
+        );
     }
     let policies = config.policies.len();
     let routes = config.routes.len();
@@ -57,7 +63,11 @@ pub async fn reload(shared: &Shared, trigger: &str) -> Result<u64, Vec<String>> 
 fn stamp(paths: &[PathBuf]) -> Vec<Option<(SystemTime, u64)>> {
     paths
         .iter()
-        .map(|p| std::fs::metadata(p).ok().and_then(|m| Some((m.modified().ok()?, m.len()))))
+        .map(|p| {
+            std::fs::metadata(p)
+                .ok()
+                .and_then(|m| Some((m.modified().ok()?, m.len())))
+        })
         .collect()
 }
 

@@ -12,7 +12,6 @@
 //! traffic behind Envoy.
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue as EnvoyHeader;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit};
@@ -21,6 +20,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
+use sluice::core::{Clock, SystemClock};
 use sluice::{DenyReason, Identity, Policy, Verdict};
 use sluice_http::headers::{HeaderOptions, rate_limit_headers};
 use tonic::{Request, Response, Status};
@@ -50,7 +50,10 @@ impl RlsService {
 }
 
 fn proto_duration(ms: u64) -> ProtoDuration {
-    ProtoDuration { seconds: (ms / 1000) as i64, nanos: ((ms % 1000) * 1_000_000) as i32 }
+    ProtoDuration {
+        seconds: (ms / 1000) as i64,
+        nanos: ((ms % 1000) * 1_000_000) as i32,
+    }
 }
 
 fn current_limit(limit: &Limit) -> Option<RateLimit> {
@@ -62,15 +65,24 @@ fn current_limit(limit: &Limit) -> Option<RateLimit> {
 }
 
 fn ok_status(remaining: u32) -> DescriptorStatus {
-    DescriptorStatus { code: Code::Ok as i32, limit_remaining: remaining, ..Default::default() }
+    DescriptorStatus {
+        code: Code::Ok as i32,
+        limit_remaining: remaining,
+        ..Default::default()
+    }
 }
 
 #[tonic::async_trait]
 impl RateLimitService for RlsService {
-    async fn should_rate_limit(&self, request: Request<RateLimitRequest>) -> Result<Response<RateLimitResponse>, Status> {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
         let req = request.into_inner();
         if req.descriptors.len() > MAX_DESCRIPTORS {
-            return Err(Status::invalid_argument(format!("at most {MAX_DESCRIPTORS} descriptors per request")));
+            return Err(Status::invalid_argument(format!(
+                "at most {MAX_DESCRIPTORS} descriptors per request"
+            )));
         }
         let rt = self.shared.runtime();
         let descriptors: Vec<RequestDescriptor<'_>> = req
@@ -80,12 +92,20 @@ impl RateLimitService for RlsService {
                 entries: d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect(),
                 limit_override: d.limit.map(|l| (l.requests_per_unit, l.unit)),
                 // A refund (is_negative_hits) cannot be expressed by every algorithm: only check.
-                hits_addend: if d.is_negative_hits { Some(0) } else { d.hits_addend.as_ref().map(|h| h.value) },
+                hits_addend: if d.is_negative_hits {
+                    Some(0)
+                } else {
+                    d.hits_addend.as_ref().map(|h| h.value)
+                },
             })
             .collect();
         let plans = plan(&rt.config.domains, &req.domain, req.hits_addend, &descriptors);
         // Metric labels only carry configured domains: the request's own is unbounded.
-        let domain_label = if rt.config.domains.has(&req.domain) { req.domain.clone() } else { "unknown".to_string() };
+        let domain_label = if rt.config.domains.has(&req.domain) {
+            req.domain.clone()
+        } else {
+            "unknown".to_string()
+        };
 
         // One all-or-nothing check for every descriptor that has a limit.
         let checks: Vec<(usize, &Identity, &Arc<Policy>, u64)> = plans
@@ -97,16 +117,20 @@ impl RateLimitService for RlsService {
             })
             .collect();
         let items: Vec<(&Identity, &Arc<Policy>, u64)> = checks.iter().map(|&(_, id, p, c)| (id, p, c)).collect();
-        let checked = if items.is_empty() { None } else { Some(rt.limiter.check_many(&items).await) };
-        if let Some(c) = &checked {
-            if let Verdict::FailedOpen(e) | Verdict::FailedClosed(e) = &c.verdict {
-                metrics::counter!("sluice_rls_requests_total", "domain" => domain_label, "code" => "unavailable")
-                    .increment(1);
-                return Err(Status::unavailable(format!("rate limit store: {e}")));
-            }
+        let checked = if items.is_empty() {
+            None
+        } else {
+            Some(rt.limiter.check_many(&items).await)
+        };
+        if let Some(c) = &checked
+            && let Verdict::FailedOpen(e) | Verdict::FailedClosed(e) = &c.verdict
+        {
+            metrics::counter!("sluice_rls_requests_total", "domain" => domain_label, "code" => "unavailable")
+                .increment(1);
+            return Err(Status::unavailable(format!("rate limit store: {e}")));
         }
 
-        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let now_ms = SystemClock.now() / 1000;
         let mut statuses = Vec::with_capacity(plans.len());
         let mut over = false;
         for (i, p) in plans.iter().enumerate() {
@@ -128,11 +152,22 @@ impl RateLimitService for RlsService {
                     let pos = checks.iter().position(|c| c.0 == i);
                     let decision = pos.and_then(|k| checked.as_ref()?.limits.get(k)?.decision.as_ref());
                     match decision {
-                        None => DescriptorStatus { current_limit: current_limit(limit), ..ok_status(0) },
+                        None => DescriptorStatus {
+                            current_limit: current_limit(limit),
+                            ..ok_status(0)
+                        },
                         Some(d) => {
                             let denied = !d.allowed && d.reason != Some(DenyReason::OtherLimitDenied);
-                            let code = if denied && !limit.shadow { Code::OverLimit } else { Code::Ok };
-                            let until = if denied { d.reset_after_ms.max(d.retry_after_ms) } else { d.reset_after_ms };
+                            let code = if denied && !limit.shadow {
+                                Code::OverLimit
+                            } else {
+                                Code::Ok
+                            };
+                            let until = if denied {
+                                d.reset_after_ms.max(d.retry_after_ms)
+                            } else {
+                                d.reset_after_ms
+                            };
                             DescriptorStatus {
                                 code: code as i32,
                                 current_limit: current_limit(limit),
@@ -150,7 +185,10 @@ impl RateLimitService for RlsService {
 
         let mut headers = Vec::new();
         if let Some(c) = &checked {
-            let opts = HeaderOptions { ratelimit: true, legacy: rt.config.legacy_headers };
+            let opts = HeaderOptions {
+                ratelimit: true,
+                legacy: rt.config.legacy_headers,
+            };
             for (n, v) in rate_limit_headers(c, &opts) {
                 // The draft's Retry-After belongs to denials only; Envoy decides those here.
                 if n == http::header::RETRY_AFTER && !over {

@@ -41,7 +41,11 @@ pub struct Shared(Arc<Inner>);
 impl Shared {
     /// State serving `config` with `limiter`.
     pub fn new(config: Config, limiter: Limiter) -> Self {
-        let rt = Runtime { config: Arc::new(config), limiter, generation: 1 };
+        let rt = Runtime {
+            config: Arc::new(config),
+            limiter,
+            generation: 1,
+        };
         Shared(Arc::new(Inner {
             current: RwLock::new(Arc::new(rt)),
             reload: tokio::sync::Mutex::new(()),
@@ -58,7 +62,11 @@ impl Shared {
     pub fn install(&self, config: Config, limiter: Limiter) -> u64 {
         let mut cur = self.0.current.write();
         let generation = cur.generation + 1;
-        *cur = Arc::new(Runtime { config: Arc::new(config), limiter, generation });
+        *cur = Arc::new(Runtime {
+            config: Arc::new(config),
+            limiter,
+            generation,
+        });
         metrics::gauge!("sluice_config_generation").set(generation as f64);
         generation
     }
@@ -77,7 +85,10 @@ impl Shared {
 /// Builds the limiter a configuration asks for (connecting to its store).
 pub async fn build_limiter(config: &Config) -> Result<Limiter, StoreError> {
     let url: StoreUrl = config.store.url.parse()?;
-    let options = StoreOptions { timeout: config.store.timeout, max_keys: config.store.max_keys };
+    let options = StoreOptions {
+        timeout: config.store.timeout,
+        max_keys: config.store.max_keys,
+    };
     let store = url.connect(&options).await?;
     Ok(Limiter::builder(store)
         .timeout(config.store.timeout)
@@ -89,8 +100,15 @@ pub async fn build_limiter(config: &Config) -> Result<Limiter, StoreError> {
 /// whether it answers within its timeout.
 pub async fn probe_store(limiter: &Limiter, timeout: Duration) -> Result<(), StoreError> {
     let key = format!("{}:{{sluice:readyz}}:probe", limiter.key_scheme().prefix());
-    let algorithm = Algorithm::FixedWindow { limit: 1, window_ms: 1000 };
-    let item = CheckItem { key: &key, algorithm: &algorithm, cost: 0 };
+    let algorithm = Algorithm::FixedWindow {
+        limit: 1,
+        window_ms: 1000,
+    };
+    let item = CheckItem {
+        key: &key,
+        algorithm: &algorithm,
+        cost: 0,
+    };
     match tokio::time::timeout(timeout, limiter.store().check(&[item])).await {
         Ok(r) => r.map(|_| ()),
         Err(_) => Err(StoreError::Timeout(timeout.as_millis() as u64)),
@@ -106,7 +124,9 @@ pub fn metrics_handle() -> Option<PrometheusHandle> {
             let builder = PrometheusBuilder::new()
                 .set_buckets_for_metric(
                     Matcher::Full("sluice_store_duration_seconds".into()),
-                    &[0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25],
+                    &[
+                        0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
+                    ],
                 )
                 .ok()?;
             let recorder = builder.build_recorder();
@@ -119,14 +139,35 @@ pub fn metrics_handle() -> Option<PrometheusHandle> {
 }
 
 fn describe_metrics() {
-    metrics::describe_counter!("sluice_decisions_total", "Rate limit decisions by policy and outcome (allowed, denied, shadow_denied, failed_open, failed_closed)");
-    metrics::describe_counter!("sluice_near_limit_total", "Admitted decisions with less than 10% of the quota left");
-    metrics::describe_counter!("sluice_store_failures_total", "Checks the store could not answer, by failure mode applied (open, closed)");
-    metrics::describe_counter!("sluice_store_errors_total", "Store errors by kind (timeout, unavailable, backend, circuit_open)");
+    metrics::describe_counter!(
+        "sluice_decisions_total",
+        "Rate limit decisions by policy and outcome (allowed, denied, shadow_denied, failed_open, failed_closed)"
+    );
+    metrics::describe_counter!(
+        "sluice_near_limit_total",
+        "Admitted decisions with less than 10% of the quota left"
+    );
+    metrics::describe_counter!(
+        "sluice_store_failures_total",
+        "Checks the store could not answer, by failure mode applied (open, closed)"
+    );
+    metrics::describe_counter!(
+        "sluice_store_errors_total",
+        "Store errors by kind (timeout, unavailable, backend, circuit_open)"
+    );
     metrics::describe_histogram!("sluice_store_duration_seconds", "Store call latency");
-    metrics::describe_counter!("sluice_config_reloads_total", "Configuration reloads by result (ok, error)");
+    metrics::describe_counter!(
+        "sluice_config_reloads_total",
+        "Configuration reloads by result (ok, error)"
+    );
     metrics::describe_gauge!("sluice_config_generation", "The configuration generation being served");
-    metrics::describe_counter!("sluice_rls_requests_total", "Envoy ShouldRateLimit calls by domain and overall code");
+    metrics::describe_counter!(
+        "sluice_rls_requests_total",
+        "Envoy ShouldRateLimit calls by domain and overall code"
+    );
     metrics::describe_counter!("sluice_api_requests_total", "Decision API calls by endpoint and status");
-    metrics::describe_counter!("sluice_proxy_requests_total", "Proxied requests by route and status class");
+    metrics::describe_counter!(
+        "sluice_proxy_requests_total",
+        "Proxied requests by route and status class"
+    );
 }

@@ -15,13 +15,23 @@ fn repo() -> PathBuf {
 }
 
 fn envoy_bin() -> PathBuf {
-    let p = std::env::var_os("SLUICE_ENVOY").map(PathBuf::from).unwrap_or_else(|| repo().join(".tools/venv/bin/envoy"));
-    assert!(p.is_file(), "Envoy not found at {}: run scripts/install-test-deps (or set SLUICE_ENVOY)", p.display());
+    let p = std::env::var_os("SLUICE_ENVOY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo().join(".tools/venv/bin/envoy"));
+    assert!(
+        p.is_file(),
+        "Envoy not found at {}: run scripts/install-test-deps (or set SLUICE_ENVOY)",
+        p.display()
+    );
     p
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 struct Envoy {
@@ -47,7 +57,10 @@ impl Envoy {
             .replace("port_value: 9901", &format!("port_value: {admin}"))
             .replace("port_value: 8000", &format!("port_value: {}", upstream.port()))
             .replace("port_value: 8081", &format!("port_value: {}", grpc.port()))
-            .replace("failure_mode_deny: false", &format!("failure_mode_deny: {deny_on_failure}"));
+            .replace(
+                "failure_mode_deny: false",
+                &format!("failure_mode_deny: {deny_on_failure}"),
+            );
         let dir = temp_dir("envoy");
         let cfg = dir.join("envoy.yaml");
         std::fs::write(&cfg, yaml).unwrap();
@@ -91,7 +104,10 @@ async fn upstream() -> SocketAddr {
 }
 
 fn example_files() -> Vec<(&'static str, String)> {
-    vec![("ratelimit.yaml", std::fs::read_to_string(repo().join("examples/envoy/ratelimit.yaml")).unwrap())]
+    vec![(
+        "ratelimit.yaml",
+        std::fs::read_to_string(repo().join("examples/envoy/ratelimit.yaml")).unwrap(),
+    )]
 }
 
 #[tokio::test]
@@ -104,27 +120,66 @@ async fn envoy_enforces_sluice_limits_and_passes_headers() {
     let c = client();
     // examples/envoy/ratelimit.yaml: 3 per minute per x-user.
     for left in [2, 1, 0] {
-        let res = c.get(envoy.url("/hello")).header("x-user", "alice").send().await.unwrap();
+        let res = c
+            .get(envoy.url("/hello"))
+            .header("x-user", "alice")
+            .send()
+            .await
+            .unwrap();
         assert_eq!(res.status(), 200);
         let h = res.headers();
-        let policy = h.get("ratelimit-policy").expect("RateLimit-Policy reaches the client").to_str().unwrap();
+        let policy = h
+            .get("ratelimit-policy")
+            .expect("RateLimit-Policy reaches the client")
+            .to_str()
+            .unwrap();
         assert!(policy.contains(";q=3;w=60"), "{policy}");
-        let rl = h.get("ratelimit").expect("RateLimit reaches the client").to_str().unwrap();
+        let rl = h
+            .get("ratelimit")
+            .expect("RateLimit reaches the client")
+            .to_str()
+            .unwrap();
         assert!(rl.contains(&format!(";r={left};")), "{rl}");
         // Envoy's own headers, from the statuses sluice filled in.
-        assert_eq!(h.get("x-ratelimit-limit").map(|v| v.to_str().unwrap().split(',').next().unwrap().trim().to_string()).as_deref(), Some("3"));
+        assert_eq!(
+            h.get("x-ratelimit-limit")
+                .map(|v| v.to_str().unwrap().split(',').next().unwrap().trim().to_string())
+                .as_deref(),
+            Some("3")
+        );
         assert_eq!(res.text().await.unwrap(), "hello");
     }
-    let res = c.get(envoy.url("/hello")).header("x-user", "alice").send().await.unwrap();
+    let res = c
+        .get(envoy.url("/hello"))
+        .header("x-user", "alice")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 429);
     let retry: u64 = res.headers()["retry-after"].to_str().unwrap().parse().unwrap();
     assert!((1..=60).contains(&retry), "{retry}");
     assert!(res.headers().contains_key("ratelimit"));
     assert_eq!(res.headers()["x-ratelimit-remaining"], "0");
     // Someone else is not affected; the unlimited value never is.
-    assert_eq!(c.get(envoy.url("/hello")).header("x-user", "bob").send().await.unwrap().status(), 200);
+    assert_eq!(
+        c.get(envoy.url("/hello"))
+            .header("x-user", "bob")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     for _ in 0..5 {
-        assert_eq!(c.get(envoy.url("/hello")).header("x-user", "loadtest").send().await.unwrap().status(), 200);
+        assert_eq!(
+            c.get(envoy.url("/hello"))
+                .header("x-user", "loadtest")
+                .send()
+                .await
+                .unwrap()
+                .status(),
+            200
+        );
     }
     drop(envoy);
     s.stop().await;
@@ -135,20 +190,53 @@ async fn store_down_follows_envoy_failure_mode_deny() {
     let mut redis = Redis::start().expect("redis-server is needed: run scripts/install-test-deps");
     let files = example_files();
     let extra: Vec<(&str, &str)> = files.iter().map(|(n, t)| (*n, t.as_str())).collect();
-    let toml = format!("[store]\nurl = \"{}\"\ntimeout = \"50ms\"\n[envoy]\nfiles = [\"ratelimit.yaml\"]\n", redis.url());
+    let toml = format!(
+        "[store]\nurl = \"{}\"\ntimeout = \"50ms\"\n[envoy]\nfiles = [\"ratelimit.yaml\"]\n",
+        redis.url()
+    );
     let s = start_with(&toml, &extra).await;
     let up = upstream().await;
     let open = Envoy::start(s.addrs.grpc, up, false).await;
     let closed = Envoy::start(s.addrs.grpc, up, true).await;
     let c = client();
-    assert_eq!(c.get(open.url("/")).header("x-user", "u1").send().await.unwrap().status(), 200);
-    assert_eq!(c.get(closed.url("/")).header("x-user", "u2").send().await.unwrap().status(), 200);
+    assert_eq!(
+        c.get(open.url("/"))
+            .header("x-user", "u1")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+    assert_eq!(
+        c.get(closed.url("/"))
+            .header("x-user", "u2")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     redis.kill();
     for i in 0..3 {
-        let res = c.get(open.url("/")).header("x-user", format!("o{i}")).send().await.unwrap();
+        let res = c
+            .get(open.url("/"))
+            .header("x-user", format!("o{i}"))
+            .send()
+            .await
+            .unwrap();
         assert_eq!(res.status(), 200, "failure_mode_deny: false lets traffic through");
-        let res = c.get(closed.url("/")).header("x-user", format!("c{i}")).send().await.unwrap();
-        assert_eq!(res.status(), 503, "failure_mode_deny: true denies (status_on_error 503)");
+        let res = c
+            .get(closed.url("/"))
+            .header("x-user", format!("c{i}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            res.status(),
+            503,
+            "failure_mode_deny: true denies (status_on_error 503)"
+        );
     }
     drop(open);
     drop(closed);

@@ -33,13 +33,23 @@ fn validate_exits_non_zero_with_file_and_line() {
     let dir = std::env::temp_dir().join(format!("sluice-validate-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("bad.toml");
-    std::fs::write(&file, "[policies.a]\nalgorithm = \"token-bucket\"\ncapacity = 5\nrate = \"5/x\"\n").unwrap();
+    std::fs::write(
+        &file,
+        "[policies.a]\nalgorithm = \"token-bucket\"\ncapacity = 5\nrate = \"5/x\"\n",
+    )
+    .unwrap();
     let code = sluice_server::cli::validate(sluice_server::cli::ValidateArgs { config: file.clone() });
     assert_eq!(code, std::process::ExitCode::from(1));
     let err = Config::load(&file).unwrap_err().to_string();
-    assert_eq!(err.lines().next().unwrap().split(": invalid rate").next().unwrap(), format!("{}:4: policies.a.rate", file.display()));
+    assert_eq!(
+        err.lines().next().unwrap().split(": invalid rate").next().unwrap(),
+        format!("{}:4: policies.a.rate", file.display())
+    );
     let good = dir.join("good.toml");
     std::fs::write(&good, "").unwrap();
-    assert_eq!(sluice_server::cli::validate(sluice_server::cli::ValidateArgs { config: good }), std::process::ExitCode::SUCCESS);
+    assert_eq!(
+        sluice_server::cli::validate(sluice_server::cli::ValidateArgs { config: good }),
+        std::process::ExitCode::SUCCESS
+    );
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -27,7 +27,10 @@ async fn upstream() -> SocketAddr {
             return axum::response::Response::new(Body::from_stream(chunks));
         }
         let bytes = body.collect().await.unwrap().to_bytes();
-        let xff = parts.headers.get("x-forwarded-for").map(|v| v.to_str().unwrap().to_string());
+        let xff = parts
+            .headers
+            .get("x-forwarded-for")
+            .map(|v| v.to_str().unwrap().to_string());
         axum::Json(json!({
             "method": parts.method.as_str(),
             "path": parts.uri.path_and_query().map(|p| p.as_str()),
@@ -93,20 +96,44 @@ async fn proxy_enforces_route_policies_and_forwards() {
     let s = start(&config(up, 2)).await;
     let c = client();
     for left in [1, 0] {
-        let res = c.get(s.proxy_url("/api/items?x=1")).header("x-api-key", "k1").header("x-forwarded-for", "198.51.100.7").send().await.unwrap();
+        let res = c
+            .get(s.proxy_url("/api/items?x=1"))
+            .header("x-api-key", "k1")
+            .header("x-forwarded-for", "198.51.100.7")
+            .send()
+            .await
+            .unwrap();
         assert_eq!(res.status(), 200);
         assert_eq!(res.headers()["ratelimit-policy"], "\"per-key\";q=2;w=120");
-        assert!(res.headers()["ratelimit"].to_str().unwrap().starts_with(&format!("\"per-key\";r={left};")));
+        assert!(
+            res.headers()["ratelimit"]
+                .to_str()
+                .unwrap()
+                .starts_with(&format!("\"per-key\";r={left};"))
+        );
         let v: Value = res.json().await.unwrap();
         assert_eq!(v["path"], "/api/items?x=1");
         assert_eq!(v["xff"], "198.51.100.7, 127.0.0.1", "the client address is appended");
     }
-    let res = c.get(s.proxy_url("/api/items")).header("x-api-key", "k1").send().await.unwrap();
+    let res = c
+        .get(s.proxy_url("/api/items"))
+        .header("x-api-key", "k1")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 429);
     assert_eq!(res.headers()["content-type"], "application/problem+json");
     assert_eq!(res.headers()["retry-after"], "60");
     // Another key is another identity; an unlimited route passes everything.
-    assert_eq!(c.get(s.proxy_url("/api/items")).header("x-api-key", "k2").send().await.unwrap().status(), 200);
+    assert_eq!(
+        c.get(s.proxy_url("/api/items"))
+            .header("x-api-key", "k2")
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
     for _ in 0..5 {
         let res = c.get(s.proxy_url("/open/x")).send().await.unwrap();
         assert_eq!(res.status(), 200);
@@ -122,13 +149,30 @@ async fn proxy_streams_bodies_both_ways() {
     let up = upstream().await;
     let s = start(&config(up, 100)).await;
     // A 3 MB upload, streamed by the client in chunks.
-    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = (0..48).map(|_| Ok(bytes::Bytes::from(vec![b'x'; 65536]))).collect();
-    let body = reqwest::Body::from(chunks.into_iter().map(|c| c.unwrap()).flat_map(|b| b.to_vec()).collect::<Vec<u8>>());
-    let res = client().post(s.proxy_url("/open/upload")).body(body).send().await.unwrap();
+    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> =
+        (0..48).map(|_| Ok(bytes::Bytes::from(vec![b'x'; 65536]))).collect();
+    let body = reqwest::Body::from(
+        chunks
+            .into_iter()
+            .map(|c| c.unwrap())
+            .flat_map(|b| b.to_vec())
+            .collect::<Vec<u8>>(),
+    );
+    let res = client()
+        .post(s.proxy_url("/open/upload"))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 200);
     assert_eq!(res.json::<Value>().await.unwrap()["len"], 48 * 65536);
     // The response arrives chunk by chunk, not buffered to the end.
-    let mut res = client().get(s.proxy_url("/api/stream")).header("x-api-key", "s").send().await.unwrap();
+    let mut res = client()
+        .get(s.proxy_url("/api/stream"))
+        .header("x-api-key", "s")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 200);
     let start = Instant::now();
     let first = res.chunk().await.unwrap().unwrap();
@@ -139,7 +183,10 @@ async fn proxy_streams_bodies_both_ways() {
     }
     let total = start.elapsed();
     assert_eq!(String::from_utf8(all).unwrap(), "chunk0;chunk1;chunk2;");
-    assert!(total >= first_at + Duration::from_millis(40), "first chunk at {first_at:?}, all at {total:?}");
+    assert!(
+        total >= first_at + Duration::from_millis(40),
+        "first chunk at {first_at:?}, all at {total:?}"
+    );
     s.stop().await;
 }
 
@@ -175,7 +222,10 @@ async fn reload_applies_valid_changes_and_keeps_state() {
     assert_eq!(res.status(), 422);
     let v: Value = res.json().await.unwrap();
     let err = v["errors"][0].as_str().unwrap();
-    assert!(err.contains("sluice.toml:8: policies.per-key.rate: invalid rate"), "{err}");
+    assert!(
+        err.contains("sluice.toml:8: policies.per-key.rate: invalid rate"),
+        "{err}"
+    );
     assert_eq!(get("b").await.unwrap().status(), 200, "still serving the old config");
 
     // A valid change is picked up by the file watcher (no explicit reload), and the embedded
@@ -207,10 +257,20 @@ async fn sighup_reloads() {
     let s = start(&config(up, 2).replace("reload_poll = \"100ms\"", "reload_poll = \"0s\"")).await;
     let c = client();
     let before: Value = c.get(s.url("/readyz")).send().await.unwrap().json().await.unwrap();
-    std::fs::write(&s.file, config(up, 5).replace("reload_poll = \"100ms\"", "reload_poll = \"0s\"")).unwrap();
+    std::fs::write(
+        &s.file,
+        config(up, 5).replace("reload_poll = \"100ms\"", "reload_poll = \"0s\""),
+    )
+    .unwrap();
     // This test process is the server: signal ourselves.
     let pid = std::process::id().to_string();
-    assert!(std::process::Command::new("kill").args(["-HUP", &pid]).status().unwrap().success());
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-HUP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let now: Value = c.get(s.url("/readyz")).send().await.unwrap().json().await.unwrap();
@@ -220,7 +280,12 @@ async fn sighup_reloads() {
         assert!(Instant::now() < deadline, "SIGHUP did not reload");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let res = c.get(s.proxy_url("/api/x")).header("x-api-key", "z").send().await.unwrap();
+    let res = c
+        .get(s.proxy_url("/api/x"))
+        .header("x-api-key", "z")
+        .send()
+        .await
+        .unwrap();
     assert!(res.headers()["ratelimit-policy"].to_str().unwrap().contains("q=5"));
     s.stop().await;
 }

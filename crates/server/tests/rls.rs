@@ -66,13 +66,27 @@ async fn server() -> (common::TestServer, RateLimitServiceClient<Channel>) {
 
 fn desc(entries: &[(&str, &str)]) -> RateLimitDescriptor {
     RateLimitDescriptor {
-        entries: entries.iter().map(|(k, v)| Entry { key: k.to_string(), value: v.to_string() }).collect(),
+        entries: entries
+            .iter()
+            .map(|(k, v)| Entry {
+                key: k.to_string(),
+                value: v.to_string(),
+            })
+            .collect(),
         ..Default::default()
     }
 }
 
-async fn ask(c: &mut RateLimitServiceClient<Channel>, hits: u32, descriptors: Vec<RateLimitDescriptor>) -> RateLimitResponse {
-    let req = RateLimitRequest { domain: "edge".into(), descriptors, hits_addend: hits };
+async fn ask(
+    c: &mut RateLimitServiceClient<Channel>,
+    hits: u32,
+    descriptors: Vec<RateLimitDescriptor>,
+) -> RateLimitResponse {
+    let req = RateLimitRequest {
+        domain: "edge".into(),
+        descriptors,
+        hits_addend: hits,
+    };
     c.should_rate_limit(req).await.unwrap().into_inner()
 }
 
@@ -85,7 +99,10 @@ fn status(r: &RateLimitResponse) -> &DescriptorStatus {
 }
 
 fn header<'a>(r: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
-    r.response_headers_to_add.iter().find(|h| h.key.eq_ignore_ascii_case(name)).map(|h| h.value.as_str())
+    r.response_headers_to_add
+        .iter()
+        .find(|h| h.key.eq_ignore_ascii_case(name))
+        .map(|h| h.value.as_str())
 }
 
 #[tokio::test]
@@ -152,11 +169,18 @@ async fn hits_addend_zero_means_one_and_descriptor_values_win() {
 async fn limit_overrides_replace_the_configured_limit() {
     let (s, mut c) = server().await;
     let mut d = desc(&[("remote_address", "override")]);
-    d.limit = Some(RateLimitOverride { requests_per_unit: 1, unit: 3 });
+    d.limit = Some(RateLimitOverride {
+        requests_per_unit: 1,
+        unit: 3,
+    });
     let r = ask(&mut c, 0, vec![d.clone()]).await;
     assert!(ok(&r));
     let limit = status(&r).current_limit.clone().unwrap();
-    assert_eq!((limit.requests_per_unit, limit.unit), (1, 3), "1 per HOUR, not 3 per minute");
+    assert_eq!(
+        (limit.requests_per_unit, limit.unit),
+        (1, 3),
+        "1 per HOUR, not 3 per minute"
+    );
     let r = ask(&mut c, 0, vec![d]).await;
     assert_eq!(status(&r).code, Code::OverLimit as i32);
     // The configured limit of the same descriptor is untouched.
@@ -238,7 +262,11 @@ async fn unlimited_is_ok_with_everything_remaining() {
         assert!(status(&r).current_limit.is_none());
     }
     // Unknown domains limit nothing.
-    let req = RateLimitRequest { domain: "nope".into(), descriptors: vec![desc(&[("remote_address", "x")])], hits_addend: 0 };
+    let req = RateLimitRequest {
+        domain: "nope".into(),
+        descriptors: vec![desc(&[("remote_address", "x")])],
+        hits_addend: 0,
+    };
     let r = c.should_rate_limit(req).await.unwrap().into_inner();
     assert!(ok(&r));
     s.stop().await;
@@ -247,10 +275,24 @@ async fn unlimited_is_ok_with_everything_remaining() {
 #[tokio::test]
 async fn several_descriptors_each_get_a_status() {
     let (s, mut c) = server().await;
-    let r = ask(&mut c, 0, vec![desc(&[("remote_address", "m")]), desc(&[("path", "/login")]), desc(&[("nothing", "x")])]).await;
+    let r = ask(
+        &mut c,
+        0,
+        vec![
+            desc(&[("remote_address", "m")]),
+            desc(&[("path", "/login")]),
+            desc(&[("nothing", "x")]),
+        ],
+    )
+    .await;
     assert_eq!(r.statuses.len(), 3);
     assert!(ok(&r));
-    let r = ask(&mut c, 0, vec![desc(&[("remote_address", "m")]), desc(&[("path", "/login")])]).await;
+    let r = ask(
+        &mut c,
+        0,
+        vec![desc(&[("remote_address", "m")]), desc(&[("path", "/login")])],
+    )
+    .await;
     assert_eq!(r.overall_code, Code::OverLimit as i32);
     assert_eq!(r.statuses[0].code, Code::Ok as i32, "only the exhausted limit is over");
     assert_eq!(r.statuses[1].code, Code::OverLimit as i32);
@@ -262,10 +304,20 @@ async fn grpc_health_reports_serving() {
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_client::HealthClient;
     let (s, _) = server().await;
-    let channel = tonic::transport::Endpoint::from_shared(s.grpc_url()).unwrap().connect().await.unwrap();
+    let channel = tonic::transport::Endpoint::from_shared(s.grpc_url())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let mut h = HealthClient::new(channel);
     for service in ["", "envoy.service.ratelimit.v3.RateLimitService"] {
-        let r = h.check(HealthCheckRequest { service: service.into() }).await.unwrap().into_inner();
+        let r = h
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .unwrap()
+            .into_inner();
         assert_eq!(r.status, 1, "SERVING for {service:?}");
     }
     s.stop().await;
@@ -283,7 +335,11 @@ async fn store_failure_is_unavailable() {
     assert!(ok(&r));
     assert_eq!(status(&r).limit_remaining, 2, "counted in Redis");
     redis.kill();
-    let req = RateLimitRequest { domain: "edge".into(), descriptors: vec![desc(&[("remote_address", "r")])], hits_addend: 0 };
+    let req = RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![desc(&[("remote_address", "r")])],
+        hits_addend: 0,
+    };
     let err = c.should_rate_limit(req).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
     // Descriptors without a limit need no store and still answer.

@@ -50,7 +50,13 @@ pub async fn start_with(toml: &str, extra: &[(&str, &str)]) -> TestServer {
     let task = tokio::spawn(sluice_server::run(config, listeners, async move {
         let _ = rx.await;
     }));
-    TestServer { addrs, dir, file, stop: Some(tx), task: Some(task) }
+    TestServer {
+        addrs,
+        dir,
+        file,
+        stop: Some(tx),
+        task: Some(task),
+    }
 }
 
 pub async fn start(toml: &str) -> TestServer {
@@ -101,10 +107,23 @@ pub struct Redis {
 impl Redis {
     pub fn start() -> Option<Redis> {
         let bin = which("redis-server")?;
-        let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .ok()?
+            .local_addr()
+            .ok()?
+            .port();
         let dir = temp_dir("redis");
         let child = std::process::Command::new(bin)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .arg("--dir")
             .arg(&dir)
             .stdout(std::process::Stdio::null())
@@ -136,5 +155,9 @@ impl Drop for Redis {
 }
 
 pub fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| PathBuf::from(d).join(name)).find(|p| p.is_file())
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| PathBuf::from(d).join(name))
+        .find(|p| p.is_file())
 }
