@@ -10,13 +10,16 @@
 //! # Layout
 //! - [`limiter`]: [`Limiter`], [`Checked`], [`LimitResult`], [`Lease`].
 //! - [`breaker`]: the circuit breaker.
+//! - [`deny_cache`]: the local deny cache that answers repeated denials without the store.
 //! - [`url`]: store selection by URL.
 #![forbid(unsafe_code)]
 
 pub mod breaker;
+pub mod deny_cache;
 pub mod limiter;
 pub mod url;
 
+pub use deny_cache::DenyCacheMode;
 pub use limiter::{Checked, Lease, LimitResult, Limiter, LimiterBuilder, Verdict};
 pub use sluice_core as core;
 pub use sluice_core::{

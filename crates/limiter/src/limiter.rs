@@ -11,6 +11,7 @@ use sluice_core::{
 };
 
 use crate::breaker::{Admission, BreakerConfig, CircuitBreaker};
+use crate::deny_cache::{DenyCache, DenyCacheMode};
 
 /// How the verdict of a check was reached.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -93,9 +94,16 @@ pub struct LimiterBuilder {
     breaker: BreakerConfig,
     global_shadow: bool,
     log_interval: Duration,
+    deny_cache: DenyCacheMode,
 }
 
 impl LimiterBuilder {
+    /// Which denials are remembered locally so repeated requests skip the store until their
+    /// retry time (default [`DenyCacheMode::Auto`]: exact algorithms, remote stores only).
+    pub fn deny_cache(mut self, mode: DenyCacheMode) -> Self {
+        self.deny_cache = mode;
+        self
+    }
     /// The key scheme (default prefix `rl`).
     pub fn key_scheme(mut self, keys: KeyScheme) -> Self {
         self.keys = keys;
@@ -123,6 +131,7 @@ impl LimiterBuilder {
     }
     /// Builds the limiter.
     pub fn build(self) -> Limiter {
+        let deny_mode = self.deny_cache.resolve(self.store.kind());
         Limiter {
             inner: Arc::new(Inner {
                 store: self.store,
@@ -133,6 +142,8 @@ impl LimiterBuilder {
                 log_interval_ms: self.log_interval.as_millis() as u64,
                 last_log_ms: AtomicU64::new(0),
                 started: Instant::now(),
+                deny_mode,
+                deny_cache: (deny_mode != DenyCacheMode::Off).then(|| DenyCache::new(DENY_CACHE_CAPACITY)),
             }),
         }
     }
@@ -148,6 +159,18 @@ struct Inner {
     log_interval_ms: u64,
     last_log_ms: AtomicU64,
     started: Instant,
+    deny_mode: DenyCacheMode,
+    deny_cache: Option<DenyCache>,
+}
+
+/// The most denials the deny cache remembers at once.
+const DENY_CACHE_CAPACITY: usize = 65_536;
+
+impl Inner {
+    /// µs on the limiter's monotonic clock (the deny cache's time).
+    fn now_us(&self) -> u64 {
+        self.started.elapsed().as_micros() as u64
+    }
 }
 
 /// The rate limiter. Cheap to clone; clones share the store and the circuit breaker.
@@ -166,6 +189,7 @@ impl Limiter {
             breaker: BreakerConfig::default(),
             global_shadow: false,
             log_interval: Duration::from_secs(10),
+            deny_cache: DenyCacheMode::Auto,
         }
     }
 
@@ -214,6 +238,10 @@ impl Limiter {
             algorithms.push((algorithm, cost));
         }
 
+        if let Some(checked) = self.denied_locally(&mut limits, &algorithms) {
+            return checked;
+        }
+
         // Group: enforced vs shadow, and (for Cluster) by slot. Each group is one store call.
         let shadow = |i: usize| inner.global_shadow || limits[i].policy.shadow;
         let mut groups: Vec<(bool, Option<u16>, Vec<usize>)> = Vec::new();
@@ -238,9 +266,16 @@ impl Limiter {
                 .iter()
                 .map(|&i| CheckItem { key: &limits[i].key, algorithm: &algorithms[i].0, cost: algorithms[i].1 })
                 .collect();
+            let sent = inner.now_us();
             match self.call_store(&check_items).await {
                 Ok(MultiDecision { allowed, decisions }) => {
                     for (&i, d) in idx.iter().zip(decisions) {
+                        if let Some(cache) = &inner.deny_cache
+                            && !is_shadow
+                            && inner.deny_mode.caches(&algorithms[i].0)
+                        {
+                            cache.record(&limits[i].key, algorithms[i].1, sent, &d);
+                        }
                         limits[i].decision = Some(d);
                     }
                     if !is_shadow && !allowed {
@@ -295,6 +330,40 @@ impl Limiter {
 
         let allowed = !enforced_denied;
         Checked { allowed, verdict, limits, leases }
+    }
+
+    /// The answer without a store call when every item of the check is an enforced policy
+    /// whose key the deny cache holds as denied for this cost (see [`crate::deny_cache`]).
+    fn denied_locally(
+        &self,
+        limits: &mut Vec<LimitResult>,
+        algorithms: &[(sluice_core::Algorithm, u64)],
+    ) -> Option<Checked> {
+        let inner = &*self.inner;
+        let cache = inner.deny_cache.as_ref()?;
+        if inner.global_shadow || limits.iter().any(|l| l.policy.shadow) {
+            return None;
+        }
+        let now = inner.now_us();
+        let mut decisions = Vec::with_capacity(limits.len());
+        for (l, (alg, cost)) in limits.iter().zip(algorithms) {
+            if !inner.deny_mode.caches(alg) {
+                return None;
+            }
+            decisions.push(cache.lookup(&l.key, *cost, now)?);
+        }
+        for (l, d) in limits.iter_mut().zip(decisions) {
+            l.decision = Some(d);
+            metrics::counter!("sluice_decisions_total", "policy" => l.policy.name.clone(), "outcome" => "denied")
+                .increment(1);
+            metrics::counter!("sluice_deny_cache_hits_total", "policy" => l.policy.name.clone()).increment(1);
+        }
+        Some(Checked { allowed: false, verdict: Verdict::Decided, limits: std::mem::take(limits), leases: Vec::new() })
+    }
+
+    /// Denials answered by the deny cache without a store call, since the limiter was built.
+    pub fn deny_cache_hits(&self) -> u64 {
+        self.inner.deny_cache.as_ref().map_or(0, DenyCache::hits)
     }
 
     /// Releases a concurrency lease. Errors are returned, not retried: an unreleased lease
