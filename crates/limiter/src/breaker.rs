@@ -15,13 +15,14 @@ pub struct BreakerConfig {
     pub threshold: u32,
     /// First back-off.
     pub min_backoff: Duration,
-    /// Longest back-off.
+    /// Longest back-off. It bounds how long enforcement stays off after the store is back, so
+    /// the default is short (one probe call per 500 ms against a dead store costs nothing).
     pub max_backoff: Duration,
 }
 
 impl Default for BreakerConfig {
     fn default() -> Self {
-        Self { threshold: 5, min_backoff: Duration::from_millis(250), max_backoff: Duration::from_secs(5) }
+        Self { threshold: 5, min_backoff: Duration::from_millis(250), max_backoff: Duration::from_millis(500) }
     }
 }
 
