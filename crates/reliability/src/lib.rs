@@ -55,7 +55,16 @@ pub mod serve {
 
     /// Writes `toml` to a fresh `sluice.toml` and serves it, every listener on 127.0.0.1:0.
     pub async fn start(toml: &str) -> TestServer {
+        start_with(toml, &[]).await
+    }
+
+    /// [`start`], with `extra` files (name, text) written next to the configuration first
+    /// (Envoy domain YAML files).
+    pub async fn start_with(toml: &str, extra: &[(&str, &str)]) -> TestServer {
         let dir = temp_dir("srv");
+        for (name, text) in extra {
+            std::fs::write(dir.join(name), text).expect("write extra file");
+        }
         let file = dir.join("sluice.toml");
         std::fs::write(&file, toml).expect("write config");
         let mut config = Config::load(&file).unwrap_or_else(|e| panic!("test config invalid:\n{e}"));
