@@ -559,6 +559,13 @@ pub fn envoy_identity(domain: &str, entries: &[(&str, &str)]) -> Identity {
         s.push('=');
         escape_part(&mut s, v);
     }
+    // Values come from the client (paths, headers): past the identity length limit, a keyed
+    // hash keeps keys bounded and distinct, and a long value still meets its limit.
+    if s.len() > sluice::core::key::MAX_IDENTITY_LEN {
+        let mut kind = String::from("envoy:");
+        escape_part(&mut kind, domain);
+        return Identity::credential(&kind, s.as_bytes(), &sluice::core::key::default_hash_key());
+    }
     Identity::new(s)
 }
 

@@ -84,6 +84,9 @@ impl RateLimitService for RlsService {
                 "at most {MAX_DESCRIPTORS} descriptors per request"
             )));
         }
+        if req.domain.is_empty() {
+            return Err(Status::invalid_argument("the rate limit domain must not be empty"));
+        }
         let rt = self.shared.runtime();
         let descriptors: Vec<RequestDescriptor<'_>> = req
             .descriptors
