@@ -9,7 +9,7 @@
 //! - [`store`]: [`RedisStore`] — connections (multiplexed, reconnecting; Cluster with
 //!   MOVED/ASK handled by the client), `EVALSHA` with `EVAL` fallback on `NOSCRIPT`, `FCALL`
 //!   with reload, per-call timeouts, error mapping.
-//! - [`url`]: `redis://`, `redis+cluster://` and friends.
+//! - [`url`]: `redis://`, `rediss://` (TLS), `redis+cluster://`, `redis+sentinel://` and friends.
 //! - [`sharding`]: hot-key sharding helpers.
 //!
 //! The formulas are those of `sluice_core::algorithm` (`docs/algorithms.md`); a differential

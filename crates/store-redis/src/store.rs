@@ -4,12 +4,17 @@ use crate::protocol::{self, ROW};
 use crate::scripts;
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
+use redis::{
+    ClientTlsConfig, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind, TlsCertificates,
+    TlsMode, Value,
+};
 use sluice_core::key::key_slot;
 use sluice_core::{Algorithm, CheckItem, Clock, LeaseId, MultiDecision, Store, StoreError};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::atomic::AtomicBool;
+use std::time::{Duration, Instant};
 
 /// How the logic is installed on the server.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -103,6 +108,7 @@ impl RedisStoreBuilder {
 enum Conn {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
+    Sentinel(Arc<SentinelConn>),
 }
 
 impl Conn {
@@ -110,8 +116,104 @@ impl Conn {
         match self {
             Conn::Single(c) => c.clone().req_packed_command(cmd).await,
             Conn::Cluster(c) => c.clone().req_packed_command(cmd).await,
+            Conn::Sentinel(s) => {
+                let r = s.current().req_packed_command(cmd).await;
+                if let Err(e) = &r
+                    && needs_rediscovery(e)
+                {
+                    s.rediscover();
+                }
+                r
+            }
         }
         .and_then(Value::extract_error)
+    }
+
+    /// A call timed out: with Sentinel, the master may have moved.
+    fn suspect(&self) {
+        if let Conn::Sentinel(s) = self {
+            s.rediscover();
+        }
+    }
+}
+
+/// Errors after which a Sentinel-managed master may no longer be the master at the address
+/// the store is connected to.
+fn needs_rediscovery(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+        )
+        // A script refused on a demoted master can arrive wrapped in a script error.
+        || e.to_string().contains("READONLY")
+}
+
+/// The master of a Sentinel-monitored group: a [`ConnectionManager`] to the address the
+/// sentinels reported, replaced (in the background, one lookup at a time, at most every
+/// 100 ms) when a call fails in a way that suggests a failover.
+struct SentinelConn {
+    sentinel: tokio::sync::Mutex<SentinelClient>,
+    current: std::sync::RwLock<ConnectionManager>,
+    config: ConnectionManagerConfig,
+    connect_timeout: Duration,
+    busy: AtomicBool,
+    last: std::sync::Mutex<Option<Instant>>,
+}
+
+impl SentinelConn {
+    fn current(&self) -> ConnectionManager {
+        self.current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    async fn master(
+        sentinel: &mut SentinelClient,
+        config: &ConnectionManagerConfig,
+    ) -> Result<ConnectionManager, RedisError> {
+        let client = sentinel.async_get_client().await?;
+        ConnectionManager::new_with_config(client, config.clone()).await
+    }
+
+    fn rediscover(self: &Arc<Self>) {
+        {
+            let mut last = self
+                .last
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if last.is_some_and(|t| t.elapsed() < Duration::from_millis(100)) {
+                return;
+            }
+            if self.busy.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut sentinel = this.sentinel.lock().await;
+            let found = tokio::time::timeout(
+                this.connect_timeout,
+                Self::master(&mut sentinel, &this.config),
+            )
+            .await;
+            match found {
+                Ok(Ok(conn)) => {
+                    *this
+                        .current
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = conn;
+                }
+                Ok(Err(e)) => tracing::warn!("sentinel: master lookup failed: {e}"),
+                Err(_) => tracing::warn!("sentinel: master lookup timed out"),
+            }
+            drop(sentinel);
+            this.busy.store(false, Ordering::Release);
+        });
     }
 }
 
@@ -164,11 +266,6 @@ impl std::fmt::Debug for RedisStore {
 /// override `options`.
 pub async fn connect(url: &str, mut options: RedisOptions) -> Result<RedisStore, StoreError> {
     let parsed = crate::url::parse(url, &mut options)?;
-    if parsed.tls {
-        return Err(StoreError::Invalid(
-            "rediss:// (TLS) needs a TLS build of the Redis client, which this build does not include".into(),
-        ));
-    }
     if let Some(ns) = &options.namespace
         && ns.contains(['{', '}'])
     {
@@ -176,9 +273,39 @@ pub async fn connect(url: &str, mut options: RedisOptions) -> Result<RedisStore,
             "a key namespace cannot contain { or }".into(),
         ));
     }
-    let connect_err =
-        |e: RedisError| StoreError::Unavailable(format!("{}: {e}", crate::url::redact(url)));
+    let secret = crate::url::password(url);
+    let scrub = |msg: String| -> String {
+        match &secret {
+            Some(pw) => msg
+                .replace(pw.as_str(), "***")
+                .replace(crate::url::percent_decode(pw).as_str(), "***"),
+            None => msg,
+        }
+    };
+    let connect_err = |e: RedisError| {
+        let msg = scrub(format!("{}: {e}", crate::url::redact(url)));
+        if is_auth_error(&e) {
+            StoreError::Invalid(format!("authentication failed: {msg}"))
+        } else {
+            StoreError::Unavailable(msg)
+        }
+    };
+    let invalid = |e: RedisError| StoreError::Invalid(scrub(e.to_string()));
+    let certs = tls_certificates(&parsed)?;
+    let timeout_err = || StoreError::Timeout(options.connect_timeout.as_millis() as u64);
+    let manager_config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(options.connect_timeout))
+        .set_number_of_retries(2)
+        .set_min_delay(Duration::from_millis(10))
+        .set_max_delay(Duration::from_millis(200));
     let conn = if parsed.cluster {
+        if certs.is_some() {
+            return Err(StoreError::Invalid(
+                "ca=, cert= and key= are not supported for a Cluster with this build's TLS \
+                 (native-tls): put the CA in the system trust store, or use #insecure"
+                    .into(),
+            ));
+        }
         let client = redis::cluster::ClusterClient::builder(parsed.nodes.clone())
             .connection_timeout(options.connect_timeout)
             .response_timeout(options.connect_timeout)
@@ -186,25 +313,61 @@ pub async fn connect(url: &str, mut options: RedisOptions) -> Result<RedisStore,
             .min_retry_wait(10)
             .max_retry_wait(200)
             .build()
-            .map_err(|e| StoreError::Invalid(e.to_string()))?;
+            .map_err(invalid)?;
         let fut = client.get_async_connection();
         let c = tokio::time::timeout(options.connect_timeout, fut)
             .await
-            .map_err(|_| StoreError::Timeout(options.connect_timeout.as_millis() as u64))?
+            .map_err(|_| timeout_err())?
             .map_err(connect_err)?;
         Conn::Cluster(c)
-    } else {
-        let client = redis::Client::open(parsed.nodes[0].as_str())
-            .map_err(|e| StoreError::Invalid(e.to_string()))?;
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(options.connect_timeout))
-            .set_number_of_retries(2)
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_millis(200));
-        let fut = ConnectionManager::new_with_config(client, config);
+    } else if let Some(target) = &parsed.sentinel {
+        if certs.is_some() {
+            return Err(StoreError::Invalid(
+                "ca=, cert= and key= are not supported with Sentinel with this build's TLS \
+                 (native-tls): put the CA in the system trust store, or use #insecure"
+                    .into(),
+            ));
+        }
+        let node = target.node_url.as_str().into_connection_info().map_err(invalid)?;
+        let mut info =
+            SentinelNodeConnectionInfo::default().set_redis_connection_info(node.redis_settings().clone());
+        if let redis::ConnectionAddr::TcpTls { insecure, .. } = node.addr() {
+            info = info.set_tls_mode(if *insecure {
+                TlsMode::Insecure
+            } else {
+                TlsMode::Secure
+            });
+        }
+        let mut sentinel = SentinelClient::build(
+            parsed.nodes.clone(),
+            target.master.clone(),
+            Some(info),
+            SentinelServerType::Master,
+        )
+        .map_err(invalid)?;
+        let fut = SentinelConn::master(&mut sentinel, &manager_config);
         let c = tokio::time::timeout(options.connect_timeout, fut)
             .await
-            .map_err(|_| StoreError::Timeout(options.connect_timeout.as_millis() as u64))?
+            .map_err(|_| timeout_err())?
+            .map_err(connect_err)?;
+        Conn::Sentinel(Arc::new(SentinelConn {
+            sentinel: tokio::sync::Mutex::new(sentinel),
+            current: std::sync::RwLock::new(c),
+            config: manager_config,
+            connect_timeout: options.connect_timeout,
+            busy: AtomicBool::new(false),
+            last: std::sync::Mutex::new(None),
+        }))
+    } else {
+        let client = match certs {
+            Some(certs) => redis::Client::build_with_tls(parsed.nodes[0].as_str(), certs),
+            None => redis::Client::open(parsed.nodes[0].as_str()),
+        }
+        .map_err(invalid)?;
+        let fut = ConnectionManager::new_with_config(client, manager_config);
+        let c = tokio::time::timeout(options.connect_timeout, fut)
+            .await
+            .map_err(|_| timeout_err())?
             .map_err(connect_err)?;
         Conn::Single(c)
     };
@@ -240,6 +403,37 @@ pub async fn connect(url: &str, mut options: RedisOptions) -> Result<RedisStore,
             .map_err(|_| StoreError::Timeout(options.connect_timeout.as_millis() as u64))??;
     }
     Ok(store)
+}
+
+/// The certificates named by `?ca=`, `?cert=` and `?key=`, read from their files.
+fn tls_certificates(parsed: &crate::url::ParsedUrl) -> Result<Option<TlsCertificates>, StoreError> {
+    if parsed.ca.is_none() && parsed.client_cert.is_none() {
+        return Ok(None);
+    }
+    let read = |what: &str, path: &str| {
+        std::fs::read(path)
+            .map_err(|e| StoreError::Invalid(format!("cannot read the TLS {what} {path:?}: {e}")))
+    };
+    let root_cert = parsed.ca.as_deref().map(|p| read("CA file", p)).transpose()?;
+    let client_tls = match &parsed.client_cert {
+        Some((cert, key)) => Some(ClientTlsConfig {
+            client_cert: read("client certificate", cert)?,
+            client_key: read("client key", key)?,
+        }),
+        None => None,
+    };
+    Ok(Some(TlsCertificates {
+        client_tls,
+        root_cert,
+    }))
+}
+
+fn is_auth_error(e: &RedisError) -> bool {
+    if e.kind() == ErrorKind::AuthenticationFailed {
+        return true;
+    }
+    let s = e.to_string();
+    s.contains("WRONGPASS") || s.contains("NOAUTH") || s.contains("invalid password")
 }
 
 fn map_err(e: RedisError) -> StoreError {
@@ -378,7 +572,10 @@ impl RedisStore {
     ) -> Result<Value, StoreError> {
         let ms = self.timeout.as_millis() as u64;
         match tokio::time::timeout(self.timeout, self.invoke(lua, function, keys, args)).await {
-            Err(_) => Err(StoreError::Timeout(ms)),
+            Err(_) => {
+                self.conn.suspect();
+                Err(StoreError::Timeout(ms))
+            }
             Ok(Err(e)) => Err(match map_err(e) {
                 StoreError::Timeout(_) => StoreError::Timeout(ms),
                 other => other,
