@@ -101,12 +101,18 @@ async fn flush_mid_run(mode: ScriptMode) {
         limit,
         window_ms: 1_000_000_000_000,
     };
+    // The tasks keep checking until the flushes are over (at least 100 checks each, at most
+    // 5,000), so the flushes always land mid-run whatever the machine's speed.
+    let flushing = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let mut tasks = Vec::new();
     for _ in 0..8 {
-        let (store, alg) = (store.clone(), alg.clone());
+        let (store, alg, flushing) = (store.clone(), alg.clone(), flushing.clone());
         tasks.push(tokio::spawn(async move {
             let mut admitted = 0u64;
-            for _ in 0..100 {
+            for i in 0..5_000 {
+                if i >= 100 && !flushing.load(std::sync::atomic::Ordering::SeqCst) {
+                    break;
+                }
                 admitted += u64::from(
                     one(&store, "rl:{flush}:p", &alg)
                         .await
@@ -125,7 +131,9 @@ async fn flush_mid_run(mode: ScriptMode) {
         assert_eq!(server.cli(flush).trim(), "OK");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let mut admitted = 0;
+    // One more check after the last flush: the logic is certainly gone from the server now.
+    let mut admitted = u64::from(one(&store, "rl:{flush}:p", &alg).await.expect("no caller-visible error"));
+    flushing.store(false, std::sync::atomic::Ordering::SeqCst);
     for t in tasks {
         admitted += t.await.unwrap();
     }
