@@ -12,8 +12,8 @@ use redis::{
 use sluice_core::key::key_slot;
 use sluice_core::{Algorithm, CheckItem, Clock, LeaseId, MultiDecision, Store, StoreError};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How the logic is installed on the server.
@@ -328,9 +328,13 @@ pub async fn connect(url: &str, mut options: RedisOptions) -> Result<RedisStore,
                     .into(),
             ));
         }
-        let node = target.node_url.as_str().into_connection_info().map_err(invalid)?;
-        let mut info =
-            SentinelNodeConnectionInfo::default().set_redis_connection_info(node.redis_settings().clone());
+        let node = target
+            .node_url
+            .as_str()
+            .into_connection_info()
+            .map_err(invalid)?;
+        let mut info = SentinelNodeConnectionInfo::default()
+            .set_redis_connection_info(node.redis_settings().clone());
         if let redis::ConnectionAddr::TcpTls { insecure, .. } = node.addr() {
             info = info.set_tls_mode(if *insecure {
                 TlsMode::Insecure
@@ -414,7 +418,11 @@ fn tls_certificates(parsed: &crate::url::ParsedUrl) -> Result<Option<TlsCertific
         std::fs::read(path)
             .map_err(|e| StoreError::Invalid(format!("cannot read the TLS {what} {path:?}: {e}")))
     };
-    let root_cert = parsed.ca.as_deref().map(|p| read("CA file", p)).transpose()?;
+    let root_cert = parsed
+        .ca
+        .as_deref()
+        .map(|p| read("CA file", p))
+        .transpose()?;
     let client_tls = match &parsed.client_cert {
         Some((cert, key)) => Some(ClientTlsConfig {
             client_cert: read("client certificate", cert)?,

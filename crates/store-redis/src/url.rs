@@ -246,7 +246,7 @@ pub fn redact(url: &str) -> String {
     {
         let (auth, tail) = rest.split_at(at);
         if let Some((user, _)) = auth.split_once(':') {
-                return redact_query(&format!("{scheme}://{user}:***{tail}"));
+            return redact_query(&format!("{scheme}://{user}:***{tail}"));
         }
     }
     redact_query(url)
@@ -310,7 +310,10 @@ mod tests {
         )
         .unwrap();
         assert!(p.tls && !p.cluster && p.sentinel.is_none());
-        assert_eq!(p.nodes, vec!["rediss://u:pw@h:1/2?protocol=resp3".to_string()]);
+        assert_eq!(
+            p.nodes,
+            vec!["rediss://u:pw@h:1/2?protocol=resp3".to_string()]
+        );
         assert_eq!(p.ca.as_deref(), Some("/x/ca.pem"));
         assert_eq!(
             p.client_cert,
@@ -331,7 +334,11 @@ mod tests {
         assert!(parse("redis://h:1?ca=/x", &mut o).is_err());
         assert!(parse("rediss://h:1?cert=/x", &mut o).is_err());
 
-        let p = parse("redis+sentinel://u:pw@s1:1,s2:2/mymaster/3?timeout_ms=9", &mut o).unwrap();
+        let p = parse(
+            "redis+sentinel://u:pw@s1:1,s2:2/mymaster/3?timeout_ms=9",
+            &mut o,
+        )
+        .unwrap();
         assert_eq!(
             p.nodes,
             vec!["redis://s1:1".to_string(), "redis://s2:2".to_string()]
@@ -357,7 +364,10 @@ mod tests {
         assert_eq!(password("redis://:pw@h:1").as_deref(), Some("pw"));
         assert_eq!(password("redis://u@h:1"), None);
         assert_eq!(password("redis://h:1?pass=pw&db=1").as_deref(), Some("pw"));
-        assert_eq!(redact("redis://h:1?db=1&pass=pw"), "redis://h:1?db=1&pass=***");
+        assert_eq!(
+            redact("redis://h:1?db=1&pass=pw"),
+            "redis://h:1?db=1&pass=***"
+        );
     }
 
     #[test]

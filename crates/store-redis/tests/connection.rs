@@ -78,15 +78,27 @@ async fn tls_with_a_custom_ca() {
 
     // Without the CA, the self-made certificate is not trusted: a clear, fast error.
     let start = Instant::now();
-    let err = connect(&server.url(), "x:").await.expect_err("untrusted CA");
-    assert!(start.elapsed() < Duration::from_secs(3), "{:?}", start.elapsed());
-    assert!(matches!(err, StoreError::Unavailable(_) | StoreError::Timeout(_)), "{err:?}");
+    let err = connect(&server.url(), "x:")
+        .await
+        .expect_err("untrusted CA");
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(
+        matches!(err, StoreError::Unavailable(_) | StoreError::Timeout(_)),
+        "{err:?}"
+    );
 
     // A missing CA file is a configuration error.
     let err = connect(&format!("{}?ca=/nonexistent/ca.pem", server.url()), "x:")
         .await
         .expect_err("missing CA file");
-    assert!(matches!(err, StoreError::Invalid(ref m) if m.contains("/nonexistent/ca.pem")), "{err:?}");
+    assert!(
+        matches!(err, StoreError::Invalid(ref m) if m.contains("/nonexistent/ca.pem")),
+        "{err:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -116,7 +128,9 @@ async fn tls_with_a_client_certificate() {
     let ca = files.ca();
     let base = format!("{}?ca={}", server.url(), ca.display());
 
-    let err = connect(&base, "x:").await.expect_err("no client certificate");
+    let err = connect(&base, "x:")
+        .await
+        .expect_err("no client certificate");
     assert!(
         matches!(err, StoreError::Unavailable(_) | StoreError::Timeout(_)),
         "{err:?}"
@@ -133,9 +147,13 @@ async fn tls_with_a_client_certificate() {
     three_then_denied(&store, "rl:{u}:p").await;
 
     // cert= without key= and TLS options on a plain URL are refused.
-    let err = connect(&format!("{base}&cert=/x"), "x:").await.expect_err("cert alone");
+    let err = connect(&format!("{base}&cert=/x"), "x:")
+        .await
+        .expect_err("cert alone");
     assert!(matches!(err, StoreError::Invalid(_)), "{err:?}");
-    let err = connect("redis://127.0.0.1:1?ca=/x", "x:").await.expect_err("ca on redis://");
+    let err = connect("redis://127.0.0.1:1?ca=/x", "x:")
+        .await
+        .expect_err("ca on redis://");
     assert!(matches!(err, StoreError::Invalid(_)), "{err:?}");
 }
 
@@ -160,7 +178,9 @@ async fn acl_user_password_and_database_index() {
     let store = connect(&url, &ns).await.expect("connect as an ACL user");
     three_then_denied(&store, "rl:{u}:p").await;
     let functions = format!("{url}?mode=functions");
-    let store = connect(&functions, &ns).await.expect("functions mode as an ACL user");
+    let store = connect(&functions, &ns)
+        .await
+        .expect("functions mode as an ACL user");
     three_then_denied(&store, "rl:{v}:p").await;
     // The keys are in database 3, not 0.
     let pattern = format!("{ns}*");
@@ -170,8 +190,16 @@ async fn acl_user_password_and_database_index() {
         .map(str::to_string)
         .collect();
     in_db3.sort();
-    assert_eq!(in_db3, vec![format!("{ns}rl:{{u}}:p"), format!("{ns}rl:{{v}}:p")]);
-    assert_eq!(server.cli(&["-n", "0", "--scan", "--pattern", &pattern]).trim(), "");
+    assert_eq!(
+        in_db3,
+        vec![format!("{ns}rl:{{u}}:p"), format!("{ns}rl:{{v}}:p")]
+    );
+    assert_eq!(
+        server
+            .cli(&["-n", "0", "--scan", "--pattern", &pattern])
+            .trim(),
+        ""
+    );
     // Every key has a TTL.
     for k in &in_db3 {
         let ttl: i64 = server.cli(&["-n", "3", "PTTL", k]).trim().parse().unwrap();
@@ -183,7 +211,11 @@ async fn acl_user_password_and_database_index() {
         let url = format!("redis://sluice:{wrong}@127.0.0.1:{port}/3");
         let start = Instant::now();
         let err = connect(&url, "x:").await.expect_err("wrong password");
-        assert!(start.elapsed() < Duration::from_secs(2), "{:?}", start.elapsed());
+        assert!(
+            start.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            start.elapsed()
+        );
         let msg = err.to_string();
         eprintln!("wrong password: {msg}");
         assert!(matches!(err, StoreError::Invalid(_)), "{err:?}");
@@ -210,7 +242,10 @@ async fn sentinel_finds_the_master_and_follows_a_failover() {
     three_then_denied(&store, "rl:{a}:p").await;
     let pattern = format!("{ns}*");
     assert_eq!(
-        group.master().cli(&["-n", "2", "--scan", "--pattern", &pattern]).trim(),
+        group
+            .master()
+            .cli(&["-n", "2", "--scan", "--pattern", &pattern])
+            .trim(),
         format!("{ns}rl:{{a}}:p")
     );
 

@@ -480,20 +480,59 @@ impl TlsFiles {
             );
         };
         openssl(&[
-            "req", "-x509", "-new", "-nodes", "-newkey", "rsa:2048", "-keyout", "ca.key", "-out",
-            "ca.pem", "-days", "2", "-subj", "/CN=sluice test CA", "-addext",
-            "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign",
+            "req",
+            "-x509",
+            "-new",
+            "-nodes",
+            "-newkey",
+            "rsa:2048",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=sluice test CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
         ]);
         for (name, section, serial) in [("server", "server", "1001"), ("client", "client", "1002")]
         {
             openssl(&[
-                "req", "-new", "-nodes", "-newkey", "rsa:2048", "-keyout", &format!("{name}.key"),
-                "-out", &format!("{name}.csr"), "-subj", &format!("/CN=sluice test {name}"),
+                "req",
+                "-new",
+                "-nodes",
+                "-newkey",
+                "rsa:2048",
+                "-keyout",
+                &format!("{name}.key"),
+                "-out",
+                &format!("{name}.csr"),
+                "-subj",
+                &format!("/CN=sluice test {name}"),
             ]);
             openssl(&[
-                "x509", "-req", "-in", &format!("{name}.csr"), "-CA", "ca.pem", "-CAkey", "ca.key",
-                "-set_serial", serial, "-days", "2", "-out", &format!("{name}.pem"), "-extfile",
-                "ext.cnf", "-extensions", section,
+                "x509",
+                "-req",
+                "-in",
+                &format!("{name}.csr"),
+                "-CA",
+                "ca.pem",
+                "-CAkey",
+                "ca.key",
+                "-set_serial",
+                serial,
+                "-days",
+                "2",
+                "-out",
+                &format!("{name}.pem"),
+                "-extfile",
+                "ext.cnf",
+                "-extensions",
+                section,
             ]);
         }
         Self { dir }
@@ -531,7 +570,16 @@ impl TlsRedisServer {
             let port = free_port(false);
             let log = std::fs::File::create(dir.0.join("server.log")).expect("log file");
             let mut child = Command::new("redis-server")
-                .args(["--port", "0", "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+                .args([
+                    "--port",
+                    "0",
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                    "--appendonly",
+                    "no",
+                ])
                 .arg("--dir")
                 .arg(&dir.0)
                 .arg("--tls-port")
@@ -617,7 +665,10 @@ impl TlsRedisServer {
 
 impl Drop for TlsRedisServer {
     fn drop(&mut self) {
-        for c in [self.child.take(), self.watchdog.take()].into_iter().flatten() {
+        for c in [self.child.take(), self.watchdog.take()]
+            .into_iter()
+            .flatten()
+        {
             let mut c = c;
             let _ = c.kill();
             let _ = c.wait();
@@ -647,8 +698,11 @@ impl SentinelGroup {
     pub fn start() -> Self {
         let master = RedisServer::redis();
         let mport = master.port().to_string();
-        let replica =
-            RedisServer::start_with(ServerKind::Redis, &["--replicaof", "127.0.0.1", &mport], false);
+        let replica = RedisServer::start_with(
+            ServerKind::Redis,
+            &["--replicaof", "127.0.0.1", &mport],
+            false,
+        );
         let dir = TempDir::new("sentinel");
         let mut last_err = String::new();
         for _ in 0..5 {
