@@ -7,6 +7,7 @@
 //! [`prom`] reads the real `/metrics` text.
 //!
 //! # Layout
+//! - [`fuzzing`]: the fuzz targets' bodies, shared with `fuzz/` and the regression tests.
 //! - [`serve`]: start and stop `sluice serve` from configuration text.
 //! - [`prom`]: read counters out of Prometheus text.
 //! - [`logs`]: a process-wide tracing subscriber that keeps every line for inspection.
@@ -15,6 +16,8 @@
 #![forbid(unsafe_code)]
 
 use std::time::Duration;
+
+pub mod fuzzing;
 
 pub mod serve {
     //! `sluice serve` on loopback ports chosen by the OS.
