@@ -385,6 +385,9 @@ pub fn api_json(data: &[u8]) {
     }
 }
 
+/// A fuzz target's body.
+pub type Target = fn(&[u8]);
+
 /// Every target by name, for the regression runner.
-pub const TARGETS: [(&str, fn(&[u8])); 5] =
+pub const TARGETS: [(&str, Target); 5] =
     [("config", config), ("headers", headers), ("forwarded", forwarded), ("api_json", api_json), ("algorithms", algorithms)];
