@@ -16,6 +16,7 @@
 //! test holds the scripts equal to the Rust functions. See `docs/redis.md`.
 #![forbid(unsafe_code)]
 
+mod batch;
 mod protocol;
 pub mod scripts;
 pub mod sharding;

@@ -41,6 +41,19 @@ pub(crate) const MULTI: &str = check_script!(
     "sliding_window_log.lua",
     "concurrency.lua"
 );
+/// Independent one-limit checks in one call (automatic batching, `src/batch.rs`).
+pub(crate) const BATCH: &str = concat!(
+    lua!("common.lua"),
+    lua!("token_bucket.lua"),
+    lua!("gcra.lua"),
+    lua!("leaky_bucket.lua"),
+    lua!("fixed_window.lua"),
+    lua!("sliding_window_counter.lua"),
+    lua!("sliding_window_log.lua"),
+    lua!("concurrency.lua"),
+    lua!("batch.lua"),
+    "return batch(KEYS, ARGV)\n"
+);
 /// Releases a concurrency lease.
 pub(crate) const RELEASE: &str = concat!(
     lua!("common.lua"),

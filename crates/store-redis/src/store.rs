@@ -45,6 +45,9 @@ pub struct RedisOptions {
     /// Extra TTL (ms) on every write. `None`: 0 with the server clock; 10 minutes with an
     /// injected clock, because Redis expires keys on its own clock, not the injected one.
     pub ttl_pad_ms: Option<u64>,
+    /// Send concurrent one-limit checks together in one script call (default true; only
+    /// standalone servers in script mode with the server clock; see `src/batch.rs`).
+    pub batch: bool,
 }
 
 impl Default for RedisOptions {
@@ -56,6 +59,7 @@ impl Default for RedisOptions {
             clock: None,
             namespace: None,
             ttl_pad_ms: None,
+            batch: true,
         }
     }
 }
@@ -96,6 +100,11 @@ impl RedisStoreBuilder {
     /// Extra TTL on every write.
     pub fn ttl_pad_ms(mut self, ms: u64) -> Self {
         self.options.ttl_pad_ms = Some(ms);
+        self
+    }
+    /// Batch concurrent one-limit checks into one script call (default on).
+    pub fn batch(mut self, on: bool) -> Self {
+        self.options.batch = on;
         self
     }
     /// Connects.
@@ -248,6 +257,7 @@ pub struct RedisStore {
     release: Lua,
     id_prefix: String,
     counter: AtomicU64,
+    batcher: Option<crate::batch::Batcher>,
 }
 
 impl std::fmt::Debug for RedisStore {
@@ -378,7 +388,7 @@ pub async fn connect(url: &str, mut options: RedisOptions) -> Result<RedisStore,
     let pad = options
         .ttl_pad_ms
         .unwrap_or(if options.clock.is_some() { 600_000 } else { 0 });
-    let store = RedisStore {
+    let mut store = RedisStore {
         conn,
         cluster: parsed.cluster,
         timeout: options.timeout,
@@ -399,7 +409,14 @@ pub async fn connect(url: &str, mut options: RedisOptions) -> Result<RedisStore,
         release: Lua::new(scripts::RELEASE),
         id_prefix: format!("{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff),
         counter: AtomicU64::new(0),
+        batcher: None,
     };
+    if options.batch && store.mode == ScriptMode::Eval && store.clock.is_none() && !store.cluster {
+        store.batcher = Some(crate::batch::Batcher::spawn(
+            batch_runner(store.conn.clone()),
+            store.pad.clone(),
+        ));
+    }
     if store.mode == ScriptMode::Functions {
         let load = store.load_library();
         tokio::time::timeout(options.connect_timeout, load)
@@ -607,7 +624,28 @@ impl RedisStore {
     }
 }
 
-fn ints(v: Value) -> Result<Vec<i64>, StoreError> {
+/// Runs `lua/batch.lua` on `conn` (EVALSHA, EVAL when the script cache was flushed).
+fn batch_runner(conn: Conn) -> crate::batch::Runner {
+    let lua = Arc::new(Lua::new(scripts::BATCH));
+    Arc::new(move |keys: Vec<String>, args: Vec<String>| {
+        let (conn, lua) = (conn.clone(), Arc::clone(&lua));
+        Box::pin(async move {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(&lua.sha).arg(keys.len()).arg(&keys).arg(&args);
+            match conn.query(&cmd).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    let mut cmd = redis::cmd("EVAL");
+                    cmd.arg(lua.src).arg(keys.len()).arg(&keys).arg(&args);
+                    conn.query(&cmd).await
+                }
+                r => r,
+            }
+            .map_err(map_err)
+        })
+    })
+}
+
+pub(crate) fn ints(v: Value) -> Result<Vec<i64>, StoreError> {
     match v {
         Value::Array(items) => items
             .into_iter()
@@ -647,6 +685,20 @@ impl Store for RedisStore {
             };
             protocol::push_item_args(&mut args, item.algorithm, item.cost, &token);
             tokens.push(token);
+        }
+        if let (Some(batcher), [_]) = (&self.batcher, items) {
+            let ms = self.timeout.as_millis() as u64;
+            let key = keys.into_iter().next().unwrap_or_default();
+            let item_args = args.split_off(2);
+            return match tokio::time::timeout(self.timeout, batcher.check(key, item_args)).await {
+                Err(_) => {
+                    self.conn.suspect();
+                    Err(StoreError::Timeout(ms))
+                }
+                Ok(Err(StoreError::Timeout(_))) => Err(StoreError::Timeout(ms)),
+                Ok(Err(e)) => Err(e),
+                Ok(Ok(row)) => protocol::decode(items, &tokens, &row),
+            };
         }
         let lua = if items.len() == 1 {
             &self.single[script_index(items[0].algorithm)]
