@@ -22,6 +22,9 @@ pub struct CeilingConfig {
     pub requests: u64,
     /// `-r`: random keys out of this many.
     pub keyspace: u64,
+    /// Instead of sluice's script: this Lua file called as the seed guide's token bucket
+    /// (`KEYS[1]`, ARGV capacity 10, rate 5, cost 1), for a same-pipelining comparison.
+    pub guide: Option<std::path::PathBuf>,
 }
 
 /// The script and its ARGV (after `numkeys` and the key) for an algorithm, with the
@@ -47,8 +50,19 @@ pub fn script_and_args(algorithm: &str) -> Option<(&'static str, Vec<String>)> {
 /// Loads the script, runs redis-benchmark, returns the JSON summary.
 pub fn run(cfg: &CeilingConfig) -> Result<serde_json::Value, String> {
     let url = format!("redis://127.0.0.1:{}/0", cfg.port);
-    let (src, args) = script_and_args(&cfg.algorithm)
-        .ok_or_else(|| format!("no redis-benchmark form for {} (its entries need unique tokens)", cfg.algorithm))?;
+    let guide_src;
+    let (src, args, what) = match &cfg.guide {
+        Some(path) => {
+            guide_src = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            (guide_src.as_str(), vec!["10".into(), "5".into(), "1".into()], "the guide's token_bucket.lua".to_string())
+        }
+        None => {
+            let (src, args) = script_and_args(&cfg.algorithm).ok_or_else(|| {
+                format!("no redis-benchmark form for {} (its entries need unique tokens)", cfg.algorithm)
+            })?;
+            (src, args, format!("sluice {}", cfg.algorithm))
+        }
+    };
     let mut conn = crate::redis_info::connect(&url)?;
     let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(src).query(&mut conn).map_err(|e| e.to_string())?;
     let out = Command::new("redis-benchmark")
@@ -62,7 +76,7 @@ pub fn run(cfg: &CeilingConfig) -> Result<serde_json::Value, String> {
     let csv = String::from_utf8_lossy(&out.stdout);
     let row = parse_csv(&csv).ok_or_else(|| format!("unexpected redis-benchmark output: {csv}"))?;
     Ok(json!({
-        "name": format!("redis-benchmark -c {} -P {} EVALSHA sluice {}", cfg.clients, cfg.pipeline, cfg.algorithm),
+        "name": format!("redis-benchmark -c {} -P {} EVALSHA {what}", cfg.clients, cfg.pipeline),
         "decisions_per_s": row.rps,
         "decisions": cfg.requests,
         "allowed": 0,
@@ -70,7 +84,7 @@ pub fn run(cfg: &CeilingConfig) -> Result<serde_json::Value, String> {
         "p50_us": row.p50_ms * 1000.0,
         "p99_us": row.p99_ms * 1000.0,
         "decisions_incl_warmup": cfg.requests,
-        "lib": format!("redis-benchmark (sluice {} script)", cfg.algorithm),
+        "lib": format!("redis-benchmark ({what})"),
         "pipeline": cfg.pipeline,
     }))
 }

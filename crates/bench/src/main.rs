@@ -93,6 +93,9 @@ enum Cmd {
         requests: u64,
         #[arg(long, default_value_t = 100_000)]
         keyspace: u64,
+        /// Run this Lua file (the seed guide's token_bucket.lua) instead of sluice's script.
+        #[arg(long)]
+        guide: Option<std::path::PathBuf>,
     },
     /// A denied-path flood with the deny cache off, then on: Redis calls per request.
     Flood {
@@ -140,9 +143,17 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let result: Result<Vec<serde_json::Value>, String> = match args.cmd {
         Cmd::Redis(load) => redis_load::run(load.config()).map(|v| vec![v]),
-        Cmd::Ceiling { port, algorithm, clients, pipeline, requests, keyspace } => ceiling::run(
-            &ceiling::CeilingConfig { port, algorithm, clients, pipeline, requests: requests.min(20_000_000), keyspace },
-        )
+        Cmd::Ceiling { port, algorithm, clients, pipeline, requests, keyspace, guide } => {
+            ceiling::run(&ceiling::CeilingConfig {
+                port,
+                algorithm,
+                clients,
+                pipeline,
+                requests: requests.min(20_000_000),
+                keyspace,
+                guide,
+            })
+        }
         .map(|v| vec![v]),
         Cmd::Flood { load } => flood::run(&load.config(), &[DenyCacheMode::Off, DenyCacheMode::Exact]),
         Cmd::MemoryRedis { redis, keys, algorithms } => algorithms
