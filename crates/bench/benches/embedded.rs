@@ -42,7 +42,13 @@ impl Decider for Sluice {
     #[inline]
     fn decide(&self, i: usize) -> bool {
         let key = &self.keys[i % self.keys.len()];
-        self.store.check_now(&[CheckItem { key, algorithm: &self.algorithm, cost: 1 }]).allowed
+        self.store
+            .check_now(&[CheckItem {
+                key,
+                algorithm: &self.algorithm,
+                cost: 1,
+            }])
+            .allowed
     }
 }
 
@@ -54,7 +60,13 @@ impl Decider for SluiceOne {
     fn decide(&self, i: usize) -> bool {
         let s = &self.0;
         let key = &s.keys[i % s.keys.len()];
-        s.store.check_one(&CheckItem { key, algorithm: &s.algorithm, cost: 1 }).allowed
+        s.store
+            .check_one(&CheckItem {
+                key,
+                algorithm: &s.algorithm,
+                cost: 1,
+            })
+            .allowed
     }
 }
 
@@ -66,7 +78,9 @@ struct Governor {
 impl Decider for Governor {
     #[inline]
     fn decide(&self, i: usize) -> bool {
-        self.limiter.check_key(&self.keys[i % self.keys.len()]).is_ok()
+        self.limiter
+            .check_key(&self.keys[i % self.keys.len()])
+            .is_ok()
     }
 }
 
@@ -84,15 +98,31 @@ fn sluice(algorithm: &str, path: Path, nkeys: usize) -> Sluice {
     let algorithm = match (algorithm, path) {
         // Never limited during a run, and the state never back to initial (so it stays held,
         // as governor keeps every key): 1/s with a burst of 1e9.
-        ("gcra", Path::Allowed) => Algorithm::Gcra { rate: Rate::per_second(1), burst: 1_000_000_000 },
-        ("tb", Path::Allowed) => Algorithm::TokenBucket { capacity: 1_000_000_000, rate: Rate::per_second(1) },
+        ("gcra", Path::Allowed) => Algorithm::Gcra {
+            rate: Rate::per_second(1),
+            burst: 1_000_000_000,
+        },
+        ("tb", Path::Allowed) => Algorithm::TokenBucket {
+            capacity: 1_000_000_000,
+            rate: Rate::per_second(1),
+        },
         // Limited after the first decision per key: 1 per hour.
-        ("gcra", Path::Denied) => Algorithm::Gcra { rate: Rate::new(1, 3_600_000), burst: 0 },
-        ("tb", Path::Denied) => Algorithm::TokenBucket { capacity: 1, rate: Rate::new(1, 3_600_000) },
+        ("gcra", Path::Denied) => Algorithm::Gcra {
+            rate: Rate::new(1, 3_600_000),
+            burst: 0,
+        },
+        ("tb", Path::Denied) => Algorithm::TokenBucket {
+            capacity: 1,
+            rate: Rate::new(1, 3_600_000),
+        },
         _ => unreachable!(),
     };
     algorithm.validate().unwrap();
-    let s = Sluice { store: MemoryStore::new(), algorithm, keys: keys(nkeys) };
+    let s = Sluice {
+        store: MemoryStore::new(),
+        algorithm,
+        keys: keys(nkeys),
+    };
     prime(&s, path);
     s
 }
@@ -103,7 +133,10 @@ fn governor(path: Path, nkeys: usize) -> Governor {
             .allow_burst(NonZeroU32::new(1_000_000_000).unwrap()),
         Path::Denied => Quota::per_hour(NonZeroU32::new(1).unwrap()),
     };
-    let g = Governor { limiter: RateLimiter::keyed(quota), keys: keys(nkeys) };
+    let g = Governor {
+        limiter: RateLimiter::keyed(quota),
+        keys: keys(nkeys),
+    };
     prime(&g, path);
     g
 }
@@ -126,7 +159,11 @@ fn prime(d: &dyn Decider, path: Path) {
 /// Scrambles the visiting order over the keys (a multiplicative step coprime with KEYS).
 #[inline]
 fn index(i: u64, nkeys: usize) -> usize {
-    if nkeys == 1 { 0 } else { (i.wrapping_mul(40_503) % nkeys as u64) as usize }
+    if nkeys == 1 {
+        0
+    } else {
+        (i.wrapping_mul(40_503) % nkeys as u64) as usize
+    }
 }
 
 fn run(d: &Arc<dyn Decider>, iters: u64, threads: usize, nkeys: usize) -> Duration {
@@ -166,7 +203,10 @@ fn stores(c: &mut Criterion) {
                     ("governor_gcra", Arc::new(governor(path, nkeys))),
                     ("sluice_gcra", Arc::new(sluice("gcra", path, nkeys))),
                     ("sluice_tb", Arc::new(sluice("tb", path, nkeys))),
-                    ("sluice_gcra_check_one", Arc::new(SluiceOne(sluice("gcra", path, nkeys)))),
+                    (
+                        "sluice_gcra_check_one",
+                        Arc::new(SluiceOne(sluice("gcra", path, nkeys))),
+                    ),
                 ];
                 for (name, d) in &impls {
                     g.bench_function(BenchmarkId::from_parameter(name), |b| {
@@ -182,12 +222,21 @@ fn stores(c: &mut Criterion) {
 fn algorithms(c: &mut Criterion) {
     let mut g = c.benchmark_group("algorithm");
     let rate = Rate::per_second(5);
-    let tb_state = token_bucket::State { tokens: 5 * 200, last_ms: T0 / 1000 };
+    let tb_state = token_bucket::State {
+        tokens: 5 * 200,
+        last_ms: T0 / 1000,
+    };
     g.bench_function("token_bucket", |b| {
         let mut now = T0;
         b.iter(|| {
             now += 1000;
-            std::hint::black_box(token_bucket::decide(Some(std::hint::black_box(&tb_state)), 10, rate, now, 1))
+            std::hint::black_box(token_bucket::decide(
+                Some(std::hint::black_box(&tb_state)),
+                10,
+                rate,
+                now,
+                1,
+            ))
         })
     });
     let gcra_state = gcra::State { tat: T0 };
@@ -195,18 +244,37 @@ fn algorithms(c: &mut Criterion) {
         let mut now = T0;
         b.iter(|| {
             now += 1000;
-            std::hint::black_box(gcra::decide(Some(std::hint::black_box(&gcra_state)), rate, 9, now, 1))
+            std::hint::black_box(gcra::decide(
+                Some(std::hint::black_box(&gcra_state)),
+                rate,
+                9,
+                now,
+                1,
+            ))
         })
     });
-    let fw_state = fixed_window::State { window_start: T0 / 1000, count: 3 };
+    let fw_state = fixed_window::State {
+        window_start: T0 / 1000,
+        count: 3,
+    };
     g.bench_function("fixed_window", |b| {
         let mut now = T0;
         b.iter(|| {
             now += 1;
-            std::hint::black_box(fixed_window::decide(Some(std::hint::black_box(&fw_state)), 10, 1000, now, 1))
+            std::hint::black_box(fixed_window::decide(
+                Some(std::hint::black_box(&fw_state)),
+                10,
+                1000,
+                now,
+                1,
+            ))
         })
     });
-    let swc_state = sliding_window_counter::State { window_start: T0 / 1000, curr: 3, prev: 4 };
+    let swc_state = sliding_window_counter::State {
+        window_start: T0 / 1000,
+        curr: 3,
+        prev: 4,
+    };
     g.bench_function("sliding_window_counter", |b| {
         let mut now = T0;
         b.iter(|| {
@@ -222,9 +290,13 @@ fn algorithms(c: &mut Criterion) {
     });
     // What every embedded decision pays before any algorithm: the clock and the keyed hash.
     let clock = sluice_core::SystemClock;
-    g.bench_function("system_clock_now", |b| b.iter(|| sluice_core::Clock::now(&clock)));
+    g.bench_function("system_clock_now", |b| {
+        b.iter(|| sluice_core::Clock::now(&clock))
+    });
     let fast = sluice_memory::FastClock::new();
-    g.bench_function("fast_clock_now", |b| b.iter(|| sluice_core::Clock::now(&fast)));
+    g.bench_function("fast_clock_now", |b| {
+        b.iter(|| sluice_core::Clock::now(&fast))
+    });
     let hasher = std::hash::RandomState::new();
     let key = "rl:{user:12345}:bench".to_string();
     g.bench_function("siphash_key", |b| {
@@ -232,21 +304,35 @@ fn algorithms(c: &mut Criterion) {
     });
     // governor's own per-check cost on one direct (unkeyed) limiter, for scale.
     let direct = RateLimiter::direct(
-        Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap()).allow_burst(NonZeroU32::new(1_000_000_000).unwrap()),
+        Quota::per_second(NonZeroU32::new(1_000_000_000).unwrap())
+            .allow_burst(NonZeroU32::new(1_000_000_000).unwrap()),
     );
-    g.bench_function("governor_direct_check", |b| b.iter(|| std::hint::black_box(direct.check().is_ok())));
+    g.bench_function("governor_direct_check", |b| {
+        b.iter(|| std::hint::black_box(direct.check().is_ok()))
+    });
     g.finish();
 }
 
 fn facade(c: &mut Criterion) {
     // The whole `sluice::Limiter` on the memory store: key building, the breaker, metrics.
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let limiter = sluice::Limiter::memory();
     let policy = Arc::new(
-        sluice::Policy::new("bench", Algorithm::Gcra { rate: Rate::per_second(1_000_000), burst: 1_000_000_000 })
-            .unwrap(),
+        sluice::Policy::new(
+            "bench",
+            Algorithm::Gcra {
+                rate: Rate::per_second(1_000_000),
+                burst: 1_000_000_000,
+            },
+        )
+        .unwrap(),
     );
-    let ids: Vec<sluice::Identity> = (0..1000).map(|i| sluice::Identity::new(format!("user:{i}"))).collect();
+    let ids: Vec<sluice::Identity> = (0..1000)
+        .map(|i| sluice::Identity::new(format!("user:{i}")))
+        .collect();
     let mut g = c.benchmark_group("facade");
     g.bench_function("limiter_check_gcra_1k_ids", |b| {
         let mut i = 0usize;
@@ -260,7 +346,11 @@ fn facade(c: &mut Criterion) {
 
 fn config() -> Criterion {
     let quick = std::env::var_os("SLUICE_BENCH_QUICK").is_some();
-    let (warm, measure, samples) = if quick { (300, 1000, 10) } else { (1000, 3000, 30) };
+    let (warm, measure, samples) = if quick {
+        (300, 1000, 10)
+    } else {
+        (1000, 3000, 30)
+    };
     Criterion::default()
         .warm_up_time(Duration::from_millis(warm))
         .measurement_time(Duration::from_millis(measure))

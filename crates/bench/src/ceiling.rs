@@ -39,7 +39,10 @@ pub fn script_and_args(algorithm: &str) -> Option<(&'static str, Vec<String>)> {
         "sliding-counter" => ("sliding-counter", ["swc", "1", "10", "2000", "0", "0"]),
         _ => return None,
     };
-    let src = sluice_redis::scripts().into_iter().find(|(n, _)| *n == name)?.1;
+    let src = sluice_redis::scripts()
+        .into_iter()
+        .find(|(n, _)| *n == name)?
+        .1;
     // now "" (server TIME), pad 0, the item, token "".
     let mut args = vec![String::new(), "0".to_string()];
     args.extend(item.iter().map(|s| s.to_string()));
@@ -53,22 +56,45 @@ pub fn run(cfg: &CeilingConfig) -> Result<serde_json::Value, String> {
     let guide_src;
     let (src, args, what) = match &cfg.guide {
         Some(path) => {
-            guide_src = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            (guide_src.as_str(), vec!["10".into(), "5".into(), "1".into()], "the guide's token_bucket.lua".to_string())
+            guide_src =
+                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            (
+                guide_src.as_str(),
+                vec!["10".into(), "5".into(), "1".into()],
+                "the guide's token_bucket.lua".to_string(),
+            )
         }
         None => {
             let (src, args) = script_and_args(&cfg.algorithm).ok_or_else(|| {
-                format!("no redis-benchmark form for {} (its entries need unique tokens)", cfg.algorithm)
+                format!(
+                    "no redis-benchmark form for {} (its entries need unique tokens)",
+                    cfg.algorithm
+                )
             })?;
             (src, args, format!("sluice {}", cfg.algorithm))
         }
     };
     let mut conn = crate::redis_info::connect(&url)?;
-    let sha: String = redis::cmd("SCRIPT").arg("LOAD").arg(src).query(&mut conn).map_err(|e| e.to_string())?;
+    let sha: String = redis::cmd("SCRIPT")
+        .arg("LOAD")
+        .arg(src)
+        .query(&mut conn)
+        .map_err(|e| e.to_string())?;
     let out = Command::new("redis-benchmark")
         .args(["-h", "127.0.0.1", "-p", &cfg.port.to_string()])
-        .args(["-c", &cfg.clients.to_string(), "-P", &cfg.pipeline.to_string()])
-        .args(["-n", &cfg.requests.to_string(), "-r", &cfg.keyspace.to_string(), "--csv"])
+        .args([
+            "-c",
+            &cfg.clients.to_string(),
+            "-P",
+            &cfg.pipeline.to_string(),
+        ])
+        .args([
+            "-n",
+            &cfg.requests.to_string(),
+            "-r",
+            &cfg.keyspace.to_string(),
+            "--csv",
+        ])
         .args(["EVALSHA", &sha, "1", "rl:{user:__rand_int__}:bench"])
         .args(&args)
         .output()
@@ -103,10 +129,27 @@ pub struct CsvRow {
 /// Parses redis-benchmark's `--csv` output (header + one row).
 pub fn parse_csv(csv: &str) -> Option<CsvRow> {
     let mut lines = csv.lines().filter(|l| !l.trim().is_empty());
-    let header: Vec<String> = lines.next()?.split(',').map(|s| s.trim_matches('"').to_string()).collect();
-    let row: Vec<String> = lines.next()?.split("\",\"").map(|s| s.trim_matches('"').to_string()).collect();
-    let col = |name: &str| header.iter().position(|h| h == name).and_then(|i| row.get(i)?.parse::<f64>().ok());
-    Some(CsvRow { rps: col("rps")?, p50_ms: col("p50_latency_ms")?, p99_ms: col("p99_latency_ms")? })
+    let header: Vec<String> = lines
+        .next()?
+        .split(',')
+        .map(|s| s.trim_matches('"').to_string())
+        .collect();
+    let row: Vec<String> = lines
+        .next()?
+        .split("\",\"")
+        .map(|s| s.trim_matches('"').to_string())
+        .collect();
+    let col = |name: &str| {
+        header
+            .iter()
+            .position(|h| h == name)
+            .and_then(|i| row.get(i)?.parse::<f64>().ok())
+    };
+    Some(CsvRow {
+        rps: col("rps")?,
+        p50_ms: col("p50_latency_ms")?,
+        p99_ms: col("p99_latency_ms")?,
+    })
 }
 
 #[cfg(test)]
@@ -117,12 +160,25 @@ mod tests {
     fn parses_redis_benchmark_csv() {
         let csv = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\"EVALSHA a,b\",\"81234.50\",\"0.5\",\"0.1\",\"0.463\",\"0.8\",\"1.023\",\"3.1\"\n";
         let r = parse_csv(csv).unwrap();
-        assert_eq!(r, CsvRow { rps: 81234.5, p50_ms: 0.463, p99_ms: 1.023 });
+        assert_eq!(
+            r,
+            CsvRow {
+                rps: 81234.5,
+                p50_ms: 0.463,
+                p99_ms: 1.023
+            }
+        );
     }
 
     #[test]
     fn scripts_exist_for_the_token_free_algorithms() {
-        for a in ["token-bucket", "gcra", "leaky-bucket", "fixed-window", "sliding-counter"] {
+        for a in [
+            "token-bucket",
+            "gcra",
+            "leaky-bucket",
+            "fixed-window",
+            "sliding-counter",
+        ] {
             assert!(script_and_args(a).is_some(), "{a}");
         }
         assert!(script_and_args("sliding-log").is_none());

@@ -32,20 +32,70 @@ use sluice_core::{Algorithm, LeakyMode, Rate};
 pub fn bench_algorithm(name: &str) -> Result<(Algorithm, &'static str), String> {
     let five = Rate::per_second(5);
     Ok(match name {
-        "token-bucket" | "tb" => (Algorithm::TokenBucket { capacity: 10, rate: five }, "tb"),
-        "gcra" => (Algorithm::Gcra { rate: five, burst: 9 }, "gcra"),
-        "leaky-bucket" | "lb" => (Algorithm::LeakyBucket { capacity: 10, rate: five, mode: LeakyMode::Policing }, "lb"),
-        "fixed-window" | "fw" => (Algorithm::FixedWindow { limit: 10, window_ms: 2000 }, "fw"),
-        "sliding-counter" | "swc" => (Algorithm::SlidingWindowCounter { limit: 10, window_ms: 2000 }, "swc"),
-        "sliding-log" | "swl" => (Algorithm::SlidingWindowLog { limit: 10, window_ms: 2000 }, "swl"),
-        "concurrency" | "cc" => (Algorithm::Concurrency { limit: 10, lease_ms: 1000 }, "cc"),
+        "token-bucket" | "tb" => (
+            Algorithm::TokenBucket {
+                capacity: 10,
+                rate: five,
+            },
+            "tb",
+        ),
+        "gcra" => (
+            Algorithm::Gcra {
+                rate: five,
+                burst: 9,
+            },
+            "gcra",
+        ),
+        "leaky-bucket" | "lb" => (
+            Algorithm::LeakyBucket {
+                capacity: 10,
+                rate: five,
+                mode: LeakyMode::Policing,
+            },
+            "lb",
+        ),
+        "fixed-window" | "fw" => (
+            Algorithm::FixedWindow {
+                limit: 10,
+                window_ms: 2000,
+            },
+            "fw",
+        ),
+        "sliding-counter" | "swc" => (
+            Algorithm::SlidingWindowCounter {
+                limit: 10,
+                window_ms: 2000,
+            },
+            "swc",
+        ),
+        "sliding-log" | "swl" => (
+            Algorithm::SlidingWindowLog {
+                limit: 10,
+                window_ms: 2000,
+            },
+            "swl",
+        ),
+        "concurrency" | "cc" => (
+            Algorithm::Concurrency {
+                limit: 10,
+                lease_ms: 1000,
+            },
+            "cc",
+        ),
         other => return Err(format!("unknown algorithm {other:?}")),
     })
 }
 
 /// Every algorithm's CLI name.
-pub const ALGORITHMS: [&str; 7] =
-    ["token-bucket", "gcra", "leaky-bucket", "fixed-window", "sliding-counter", "sliding-log", "concurrency"];
+pub const ALGORITHMS: [&str; 7] = [
+    "token-bucket",
+    "gcra",
+    "leaky-bucket",
+    "fixed-window",
+    "sliding-counter",
+    "sliding-log",
+    "concurrency",
+];
 
 /// xorshift64*: a cheap per-task random stream.
 #[derive(Debug, Clone)]
@@ -73,13 +123,25 @@ impl Rng {
 
 /// Refuses anything but a loopback Redis URL: these drivers generate load.
 pub fn require_loopback(url: &str) -> Result<(), String> {
-    let host = url.split("://").nth(1).unwrap_or(url).split(['/', '?']).next().unwrap_or("");
+    let host = url
+        .split("://")
+        .nth(1)
+        .unwrap_or(url)
+        .split(['/', '?'])
+        .next()
+        .unwrap_or("");
     let host = host.rsplit('@').next().unwrap_or(host);
     let ok = host.split(',').all(|h| {
         let name = h.rsplit_once(':').map_or(h, |(n, _)| n);
         matches!(name, "127.0.0.1" | "localhost" | "[::1]" | "::1")
     });
-    if ok { Ok(()) } else { Err(format!("refusing non-loopback target {url}: benchmarks only run on 127.0.0.1")) }
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "refusing non-loopback target {url}: benchmarks only run on 127.0.0.1"
+        ))
+    }
 }
 
 #[cfg(test)]

@@ -18,7 +18,10 @@ use sluice::DenyCacheMode;
 use sluice_bench::{ceiling, flood, memory, redis_load, rls};
 
 #[derive(Debug, Parser)]
-#[command(version, about = "Load drivers that measure sluice side by side with the alternatives")]
+#[command(
+    version,
+    about = "Load drivers that measure sluice side by side with the alternatives"
+)]
 struct Args {
     #[command(subcommand)]
     cmd: Cmd,
@@ -108,7 +111,11 @@ enum Cmd {
         redis: String,
         #[arg(long, default_value_t = 100_000)]
         keys: u64,
-        #[arg(long, value_delimiter = ',', default_value = "token-bucket,gcra,leaky-bucket,fixed-window,sliding-counter,sliding-log,concurrency")]
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "token-bucket,gcra,leaky-bucket,fixed-window,sliding-counter,sliding-log,concurrency"
+        )]
         algorithms: Vec<String>,
     },
     /// Embedded store bytes per key and decisions/s for one algorithm and key count.
@@ -143,7 +150,15 @@ fn main() -> ExitCode {
     let args = Args::parse();
     let result: Result<Vec<serde_json::Value>, String> = match args.cmd {
         Cmd::Redis(load) => redis_load::run(load.config()).map(|v| vec![v]),
-        Cmd::Ceiling { port, algorithm, clients, pipeline, requests, keyspace, guide } => {
+        Cmd::Ceiling {
+            port,
+            algorithm,
+            clients,
+            pipeline,
+            requests,
+            keyspace,
+            guide,
+        } => {
             ceiling::run(&ceiling::CeilingConfig {
                 port,
                 algorithm,
@@ -155,15 +170,32 @@ fn main() -> ExitCode {
             })
         }
         .map(|v| vec![v]),
-        Cmd::Flood { load } => flood::run(&load.config(), &[DenyCacheMode::Off, DenyCacheMode::Exact]),
-        Cmd::MemoryRedis { redis, keys, algorithms } => algorithms
+        Cmd::Flood { load } => {
+            flood::run(&load.config(), &[DenyCacheMode::Off, DenyCacheMode::Exact])
+        }
+        Cmd::MemoryRedis {
+            redis,
+            keys,
+            algorithms,
+        } => algorithms
             .iter()
             .map(|a| memory::redis_bytes_per_key(&redis, a, keys.min(2_000_000)))
             .collect(),
-        Cmd::MemoryEmbedded { algorithm, keys, seconds } => {
-            memory::embedded(&algorithm, keys.min(5_000_000), seconds.clamp(0.1, 60.0)).map(|v| vec![v])
-        }
-        Cmd::Rls { target, domain, key, duration, warmup, conc, keyspace } => rls::run(rls::RlsConfig {
+        Cmd::MemoryEmbedded {
+            algorithm,
+            keys,
+            seconds,
+        } => memory::embedded(&algorithm, keys.min(5_000_000), seconds.clamp(0.1, 60.0))
+            .map(|v| vec![v]),
+        Cmd::Rls {
+            target,
+            domain,
+            key,
+            duration,
+            warmup,
+            conc,
+            keyspace,
+        } => rls::run(rls::RlsConfig {
             target,
             domain,
             key,

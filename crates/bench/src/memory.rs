@@ -26,26 +26,54 @@ pub fn slow_algorithm(name: &str) -> Result<Algorithm, String> {
     Ok(match name {
         "token-bucket" => Algorithm::TokenBucket { capacity: 10, rate },
         "gcra" => Algorithm::Gcra { rate, burst: 9 },
-        "leaky-bucket" => Algorithm::LeakyBucket { capacity: 10, rate, mode: LeakyMode::Policing },
-        "fixed-window" => Algorithm::FixedWindow { limit: 10, window_ms: hour },
-        "sliding-counter" => Algorithm::SlidingWindowCounter { limit: 10, window_ms: hour },
-        "sliding-log" => Algorithm::SlidingWindowLog { limit: 10, window_ms: hour },
-        "concurrency" => Algorithm::Concurrency { limit: 10, lease_ms: hour },
+        "leaky-bucket" => Algorithm::LeakyBucket {
+            capacity: 10,
+            rate,
+            mode: LeakyMode::Policing,
+        },
+        "fixed-window" => Algorithm::FixedWindow {
+            limit: 10,
+            window_ms: hour,
+        },
+        "sliding-counter" => Algorithm::SlidingWindowCounter {
+            limit: 10,
+            window_ms: hour,
+        },
+        "sliding-log" => Algorithm::SlidingWindowLog {
+            limit: 10,
+            window_ms: hour,
+        },
+        "concurrency" => Algorithm::Concurrency {
+            limit: 10,
+            lease_ms: hour,
+        },
         other => return Err(format!("unknown algorithm {other:?}")),
     })
 }
 
 /// Redis bytes per key for `algorithm` over `keys` identities (FLUSHALL first: use the
 /// benchmark's own server).
-pub fn redis_bytes_per_key(url: &str, algorithm: &str, keys: u64) -> Result<serde_json::Value, String> {
+pub fn redis_bytes_per_key(
+    url: &str,
+    algorithm: &str,
+    keys: u64,
+) -> Result<serde_json::Value, String> {
     let mut conn = connect(url)?;
-    let _: () = redis::cmd("FLUSHALL").query(&mut conn).map_err(|e| e.to_string())?;
+    let _: () = redis::cmd("FLUSHALL")
+        .query(&mut conn)
+        .map_err(|e| e.to_string())?;
     let before = info_field(&mut conn, "memory", "used_memory")?;
     let policy = Arc::new(Policy::new("m", slow_algorithm(algorithm)?).map_err(|e| e.to_string())?);
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
     rt.block_on(async {
         let parsed: StoreUrl = url.parse().map_err(|e: sluice::StoreError| e.to_string())?;
-        let options = StoreOptions { timeout: Duration::from_secs(2), ..Default::default() };
+        let options = StoreOptions {
+            timeout: Duration::from_secs(2),
+            ..Default::default()
+        };
         let limiter = Limiter::builder(parsed.connect(&options).await.map_err(|e| e.to_string())?)
             .timeout(Duration::from_secs(2))
             .build();
@@ -56,7 +84,9 @@ pub fn redis_bytes_per_key(url: &str, algorithm: &str, keys: u64) -> Result<serd
             tasks.push(tokio::spawn(async move {
                 let mut n = w;
                 while n < keys {
-                    let c = limiter.check(&Identity::new(format!("user:{n}")), &policy, 1).await;
+                    let c = limiter
+                        .check(&Identity::new(format!("user:{n}")), &policy, 1)
+                        .await;
                     if !c.allowed {
                         return Err(format!("prefill denied: {:?}", c.verdict));
                     }
@@ -71,13 +101,20 @@ pub fn redis_bytes_per_key(url: &str, algorithm: &str, keys: u64) -> Result<serd
         Ok::<(), String>(())
     })?;
     let after = info_field(&mut conn, "memory", "used_memory")?;
-    let dbsize: u64 = redis::cmd("DBSIZE").query(&mut conn).map_err(|e| e.to_string())?;
+    let dbsize: u64 = redis::cmd("DBSIZE")
+        .query(&mut conn)
+        .map_err(|e| e.to_string())?;
     let mut rng = Rng::new(7);
     let mut usage = Vec::new();
     for _ in 0..200 {
         let key = format!("rl:{{user:{}}}:m", rng.below(keys));
-        let bytes: Option<u64> =
-            redis::cmd("MEMORY").arg("USAGE").arg(&key).arg("SAMPLES").arg(0).query(&mut conn).map_err(|e| e.to_string())?;
+        let bytes: Option<u64> = redis::cmd("MEMORY")
+            .arg("USAGE")
+            .arg(&key)
+            .arg("SAMPLES")
+            .arg(0)
+            .query(&mut conn)
+            .map_err(|e| e.to_string())?;
         usage.extend(bytes);
     }
     let avg = usage.iter().sum::<u64>() as f64 / usage.len().max(1) as f64;
@@ -113,7 +150,11 @@ pub fn embedded(algorithm: &str, keys: u64, seconds: f64) -> Result<serde_json::
     let t0 = Instant::now();
     for n in 0..keys {
         name(&mut key, n);
-        let d = store.check_now(&[CheckItem { key: &key, algorithm: &alg, cost: 1 }]);
+        let d = store.check_now(&[CheckItem {
+            key: &key,
+            algorithm: &alg,
+            cost: 1,
+        }]);
         if !d.allowed {
             return Err("prefill denied".into());
         }
@@ -127,7 +168,11 @@ pub fn embedded(algorithm: &str, keys: u64, seconds: f64) -> Result<serde_json::
     while done < 50_000_000 {
         for _ in 0..1024 {
             name(&mut key, rng.below(keys));
-            std::hint::black_box(store.check_now(&[CheckItem { key: &key, algorithm: &alg, cost: 1 }]));
+            std::hint::black_box(store.check_now(&[CheckItem {
+                key: &key,
+                algorithm: &alg,
+                cost: 1,
+            }]));
         }
         done += 1024;
         if Instant::now() >= deadline {

@@ -16,15 +16,21 @@ pub struct CommandStat {
 /// A synchronous connection to `url` (loopback only).
 pub fn connect(url: &str) -> Result<redis::Connection, String> {
     crate::require_loopback(url)?;
-    redis::Client::open(url).and_then(|c| c.get_connection()).map_err(|e| e.to_string())
+    redis::Client::open(url)
+        .and_then(|c| c.get_connection())
+        .map_err(|e| e.to_string())
 }
 
 /// Parses `INFO commandstats` into `command -> stat` (`evalsha`, `eval`, `get`...).
 pub fn parse_commandstats(info: &str) -> BTreeMap<String, CommandStat> {
     let mut out = BTreeMap::new();
     for line in info.lines() {
-        let Some(rest) = line.strip_prefix("cmdstat_") else { continue };
-        let Some((name, fields)) = rest.split_once(':') else { continue };
+        let Some(rest) = line.strip_prefix("cmdstat_") else {
+            continue;
+        };
+        let Some((name, fields)) = rest.split_once(':') else {
+            continue;
+        };
         let mut s = CommandStat::default();
         for kv in fields.split(',') {
             match kv.split_once('=') {
@@ -41,18 +47,28 @@ pub fn parse_commandstats(info: &str) -> BTreeMap<String, CommandStat> {
 
 /// The server's command statistics now.
 pub fn commandstats(conn: &mut redis::Connection) -> Result<BTreeMap<String, CommandStat>, String> {
-    let info: String = redis::cmd("INFO").arg("commandstats").query(conn).map_err(|e| e.to_string())?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query(conn)
+        .map_err(|e| e.to_string())?;
     Ok(parse_commandstats(&info))
 }
 
 /// Script calls (`EVALSHA` + `EVAL` + `FCALL`) so far.
 pub fn script_calls(stats: &BTreeMap<String, CommandStat>) -> u64 {
-    ["evalsha", "eval", "fcall"].iter().filter_map(|c| stats.get(*c)).map(|s| s.calls).sum()
+    ["evalsha", "eval", "fcall"]
+        .iter()
+        .filter_map(|c| stats.get(*c))
+        .map(|s| s.calls)
+        .sum()
 }
 
 /// One numeric field of `INFO <section>`.
 pub fn info_field(conn: &mut redis::Connection, section: &str, field: &str) -> Result<f64, String> {
-    let info: String = redis::cmd("INFO").arg(section).query(conn).map_err(|e| e.to_string())?;
+    let info: String = redis::cmd("INFO")
+        .arg(section)
+        .query(conn)
+        .map_err(|e| e.to_string())?;
     info.lines()
         .find_map(|l| l.strip_prefix(field).and_then(|r| r.strip_prefix(':')))
         .and_then(|v| v.trim().parse().ok())
@@ -61,7 +77,10 @@ pub fn info_field(conn: &mut redis::Connection, section: &str, field: &str) -> R
 
 /// `CONFIG RESETSTAT`.
 pub fn reset_stats(conn: &mut redis::Connection) -> Result<(), String> {
-    redis::cmd("CONFIG").arg("RESETSTAT").query::<()>(conn).map_err(|e| e.to_string())
+    redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query::<()>(conn)
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -73,7 +92,14 @@ mod tests {
         let s = parse_commandstats(
             "# Commandstats\r\ncmdstat_evalsha:calls=10,usec=70,usec_per_call=7.00,rejected_calls=0,failed_calls=0\r\ncmdstat_get:calls=3,usec=1,usec_per_call=0.33\r\n",
         );
-        assert_eq!(s["evalsha"], CommandStat { calls: 10, usec: 70, usec_per_call: 7.0 });
+        assert_eq!(
+            s["evalsha"],
+            CommandStat {
+                calls: 10,
+                usec: 70,
+                usec_per_call: 7.0
+            }
+        );
         assert_eq!(script_calls(&s), 10);
     }
 }

@@ -57,9 +57,14 @@ pub fn run(cfg: LoadConfig) -> Result<serde_json::Value, String> {
         require_loopback(&cfg.url)?;
     }
     let rt = if cfg.threads <= 1 {
-        tokio::runtime::Builder::new_current_thread().enable_all().build()
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
     } else {
-        tokio::runtime::Builder::new_multi_thread().worker_threads(cfg.threads).enable_all().build()
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(cfg.threads)
+            .enable_all()
+            .build()
     }
     .map_err(|e| e.to_string())?;
     rt.block_on(run_async(cfg))
@@ -68,10 +73,19 @@ pub fn run(cfg: LoadConfig) -> Result<serde_json::Value, String> {
 async fn run_async(cfg: LoadConfig) -> Result<serde_json::Value, String> {
     let (algorithm, short) = bench_algorithm(&cfg.algorithm)?;
     let policy = Arc::new(Policy::new(short, algorithm).map_err(|e| e.to_string())?);
-    let url: StoreUrl = cfg.url.parse().map_err(|e: sluice::StoreError| e.to_string())?;
-    let options = StoreOptions { timeout: cfg.timeout, ..Default::default() };
+    let url: StoreUrl = cfg
+        .url
+        .parse()
+        .map_err(|e: sluice::StoreError| e.to_string())?;
+    let options = StoreOptions {
+        timeout: cfg.timeout,
+        ..Default::default()
+    };
     let store = url.connect(&options).await.map_err(|e| e.to_string())?;
-    let limiter = Limiter::builder(store).timeout(cfg.timeout).deny_cache(cfg.deny_cache).build();
+    let limiter = Limiter::builder(store)
+        .timeout(cfg.timeout)
+        .deny_cache(cfg.deny_cache)
+        .build();
 
     let cpu0 = process_cpu();
     let start = Instant::now();
@@ -113,7 +127,11 @@ async fn run_async(cfg: LoadConfig) -> Result<serde_json::Value, String> {
                     }
                     None => {
                         t.lat.push(t1 - t0);
-                        if checked.allowed { t.allowed += 1 } else { t.denied += 1 }
+                        if checked.allowed {
+                            t.allowed += 1
+                        } else {
+                            t.denied += 1
+                        }
                     }
                 }
             }

@@ -36,7 +36,10 @@ pub struct RlsConfig {
 /// Runs the load; returns the JSON summary.
 pub fn run(cfg: RlsConfig) -> Result<serde_json::Value, String> {
     crate::require_loopback(&cfg.target)?;
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().map_err(|e| e.to_string())?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
     rt.block_on(async move {
         let client = RateLimitServiceClient::connect(cfg.target.clone()).await.map_err(|e| e.to_string())?;
         let cpu0 = process_cpu();

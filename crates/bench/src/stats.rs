@@ -25,7 +25,9 @@ impl Samples {
             return None;
         }
         let n = self.0.len();
-        let i = (((p / 100.0) * n as f64).round() as usize).saturating_sub(1).min(n - 1);
+        let i = (((p / 100.0) * n as f64).round() as usize)
+            .saturating_sub(1)
+            .min(n - 1);
         Some(self.0[i] as f64 / 1000.0)
     }
 }

@@ -47,7 +47,12 @@ impl DenyCacheMode {
         match self {
             DenyCacheMode::Off => false,
             DenyCacheMode::Auto | DenyCacheMode::Exact => {
-                matches!(algorithm, Algorithm::TokenBucket { .. } | Algorithm::Gcra { .. } | Algorithm::FixedWindow { .. })
+                matches!(
+                    algorithm,
+                    Algorithm::TokenBucket { .. }
+                        | Algorithm::Gcra { .. }
+                        | Algorithm::FixedWindow { .. }
+                )
             }
             DenyCacheMode::All => !matches!(algorithm, Algorithm::Concurrency { .. }),
         }
@@ -71,7 +76,11 @@ impl std::str::FromStr for DenyCacheMode {
             "off" => DenyCacheMode::Off,
             "exact" | "on" => DenyCacheMode::Exact,
             "all" => DenyCacheMode::All,
-            other => return Err(format!("unknown deny cache mode {other:?} (auto, off, exact, all)")),
+            other => {
+                return Err(format!(
+                    "unknown deny cache mode {other:?} (auto, off, exact, all)"
+                ));
+            }
         })
     }
 }
@@ -93,10 +102,12 @@ struct Denial {
 
 const SHARDS: usize = 16;
 
+type Shard = Mutex<HashMap<Box<str>, Denial>>;
+
 /// Remembered denials by key, sharded, bounded.
 #[derive(Debug)]
 pub(crate) struct DenyCache {
-    shards: Box<[Mutex<HashMap<Box<str>, Denial>>]>,
+    shards: Box<[Shard]>,
     hasher: std::hash::RandomState,
     per_shard: usize,
     /// Entries over all shards, so the hot allowed path skips the lookup while none is held.
@@ -117,7 +128,7 @@ impl DenyCache {
         }
     }
 
-    fn shard(&self, key: &str) -> &Mutex<HashMap<Box<str>, Denial>> {
+    fn shard(&self, key: &str) -> &Shard {
         &self.shards[(self.hasher.hash_one(key) % SHARDS as u64) as usize]
     }
 
@@ -144,12 +155,20 @@ impl DenyCache {
         drop(shard);
         self.hits.fetch_add(1, Ordering::Relaxed);
         let ms = |at: u64| at.saturating_sub(now).div_ceil(1000);
-        Some(Decision::limited(d.limit, d.remaining, ms(d.retry_at), ms(d.reset_at)))
+        Some(Decision::limited(
+            d.limit,
+            d.remaining,
+            ms(d.retry_at),
+            ms(d.reset_at),
+        ))
     }
 
     /// Remembers the store's denial of a request of `cost` on `key`, sent at `sent`.
     pub(crate) fn record(&self, key: &str, cost: u64, sent: u64, decision: &Decision) {
-        if decision.allowed || decision.reason != Some(DenyReason::Limited) || decision.retry_after_ms <= 1 || cost == 0
+        if decision.allowed
+            || decision.reason != Some(DenyReason::Limited)
+            || decision.retry_after_ms <= 1
+            || cost == 0
         {
             return;
         }
@@ -198,7 +217,10 @@ mod tests {
         c.record("k", 1, 5_000, &limited(200));
         // Sent at 5 ms, retry 200 ms: denied locally until 204 ms (exclusive).
         let d = c.lookup("k", 1, 100_000).unwrap();
-        assert_eq!((d.allowed, d.retry_after_ms, d.reason), (false, 105, Some(DenyReason::Limited)));
+        assert_eq!(
+            (d.allowed, d.retry_after_ms, d.reason),
+            (false, 105, Some(DenyReason::Limited))
+        );
         assert!(c.lookup("k", 1, 203_999).is_some());
         assert!(c.lookup("k", 1, 204_000).is_none());
         assert_eq!(c.hits(), 2);
@@ -211,7 +233,10 @@ mod tests {
         assert!(c.lookup("k", 2, 1000).is_none());
         assert!(c.lookup("k", 3, 1000).is_some());
         assert!(c.lookup("k", 7, 1000).is_some());
-        assert!(c.lookup("k", 0, 1000).is_none(), "peeks always reach the store");
+        assert!(
+            c.lookup("k", 0, 1000).is_none(),
+            "peeks always reach the store"
+        );
     }
 
     #[test]
@@ -220,7 +245,11 @@ mod tests {
         c.record("a", 1, 0, &Decision::cost_exceeds_limit(10, 0, 100));
         c.record("b", 1, 0, &limited(1));
         c.record("c", 1, 0, &Decision::allow(10, 3, 100));
-        assert!(c.lookup("a", 1, 10).is_none() && c.lookup("b", 1, 10).is_none() && c.lookup("c", 1, 10).is_none());
+        assert!(
+            c.lookup("a", 1, 10).is_none()
+                && c.lookup("b", 1, 10).is_none()
+                && c.lookup("c", 1, 10).is_none()
+        );
     }
 
     #[test]
@@ -237,9 +266,18 @@ mod tests {
 
     #[test]
     fn modes() {
-        let tb = Algorithm::TokenBucket { capacity: 1, rate: Rate::per_second(1) };
-        let swc = Algorithm::SlidingWindowCounter { limit: 1, window_ms: 1000 };
-        let cc = Algorithm::Concurrency { limit: 1, lease_ms: 1000 };
+        let tb = Algorithm::TokenBucket {
+            capacity: 1,
+            rate: Rate::per_second(1),
+        };
+        let swc = Algorithm::SlidingWindowCounter {
+            limit: 1,
+            window_ms: 1000,
+        };
+        let cc = Algorithm::Concurrency {
+            limit: 1,
+            lease_ms: 1000,
+        };
         assert!(DenyCacheMode::Auto.resolve("redis").caches(&tb));
         assert_eq!(DenyCacheMode::Auto.resolve("memory"), DenyCacheMode::Off);
         assert!(!DenyCacheMode::Exact.caches(&swc) && DenyCacheMode::All.caches(&swc));

@@ -83,7 +83,7 @@ impl Batcher {
                         args.extend(job.args);
                         replies.push(job.reply);
                     }
-                    let result = run(keys, args).await.and_then(|v| crate::store::ints(v));
+                    let result = run(keys, args).await.and_then(crate::store::ints);
                     drop(permit);
                     match result {
                         Ok(flat) if flat.len() == replies.len() * ROW => {
