@@ -149,7 +149,11 @@ async fn run_shared(
     let grpc = tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(rls::RlsService::new(shared.clone()).server())
-        .serve_with_incoming_shutdown(tonic::transport::server::TcpIncoming::from(listeners.grpc), stopped());
+        // TCP_NODELAY: without it, small replies wait on Nagle + delayed ACK (p99 ~44 ms under load).
+        .serve_with_incoming_shutdown(
+            tonic::transport::server::TcpIncoming::from(listeners.grpc).with_nodelay(Some(true)),
+            stopped(),
+        );
     let http = api::serve_http(listeners.http, api::router(shared.clone()), stopped());
     let proxy = async {
         match listeners.proxy {
