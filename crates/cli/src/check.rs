@@ -68,26 +68,38 @@ fn is_zero(v: &u64) -> bool {
 /// unreachable store.
 pub async fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<(), String> {
     let algorithm = args.policy.algorithm()?;
-    let name = args.name.clone().unwrap_or_else(|| algorithm.kind().to_string());
+    let name = args
+        .name
+        .clone()
+        .unwrap_or_else(|| algorithm.kind().to_string());
     let policy = Arc::new(Policy::new(name, algorithm).map_err(|e| e.to_string())?);
-    let timeout = Duration::from_millis(parse_duration_ms(&args.timeout).map_err(|e| e.to_string())?);
+    let timeout =
+        Duration::from_millis(parse_duration_ms(&args.timeout).map_err(|e| e.to_string())?);
     let interval = match &args.interval {
-        Some(i) => Some(Duration::from_millis(parse_duration_ms(i).map_err(|e| e.to_string())?)),
+        Some(i) => Some(Duration::from_millis(
+            parse_duration_ms(i).map_err(|e| e.to_string())?,
+        )),
         None => None,
     };
-    let limiter = Limiter::connect(&args.store, StoreOptions { timeout, ..Default::default() })
-        .await
-        .map_err(|e| format!("cannot use store {}: {e}", args.store))?;
+    let limiter = Limiter::connect(
+        &args.store,
+        StoreOptions {
+            timeout,
+            ..Default::default()
+        },
+    )
+    .await
+    .map_err(|e| format!("cannot use store {}: {e}", args.store))?;
     let identity = Identity::new(args.identity.clone());
     if !args.json {
         let key = limiter.key_scheme().key(&identity, &policy.name);
         writeln!(out, "key {key} on {} store", limiter.store().kind()).ok();
     }
     for i in 0..args.count {
-        if i > 0 {
-            if let Some(d) = interval {
-                tokio::time::sleep(d).await;
-            }
+        if i > 0
+            && let Some(d) = interval
+        {
+            tokio::time::sleep(d).await;
         }
         let checked = limiter.check(&identity, &policy, args.cost).await;
         let line = match (&checked.verdict, checked.limits[0].decision.as_ref()) {
@@ -108,7 +120,12 @@ pub async fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<(), String> {
             (Verdict::Decided, None) => return Err("store returned no decision".into()),
         };
         if args.json {
-            writeln!(out, "{}", serde_json::to_string(&line).map_err(|e| e.to_string())?).ok();
+            writeln!(
+                out,
+                "{}",
+                serde_json::to_string(&line).map_err(|e| e.to_string())?
+            )
+            .ok();
         } else {
             let verdict = if line.allowed { "allowed" } else { "denied " };
             write!(
@@ -123,10 +140,17 @@ pub async fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<(), String> {
             if line.delay_ms > 0 {
                 write!(out, " delay={}ms", line.delay_ms).ok();
             }
-            if let Some(r) = line.reason {
-                if r != sluice::DenyReason::Limited {
-                    write!(out, " reason={}", serde_json::to_string(&r).unwrap_or_default().trim_matches('"')).ok();
-                }
+            if let Some(r) = line.reason
+                && r != sluice::DenyReason::Limited
+            {
+                write!(
+                    out,
+                    " reason={}",
+                    serde_json::to_string(&r)
+                        .unwrap_or_default()
+                        .trim_matches('"')
+                )
+                .ok();
             }
             writeln!(out).ok();
         }

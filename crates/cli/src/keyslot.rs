@@ -30,5 +30,8 @@ pub fn run(args: &KeyslotArgs) -> Result<Vec<String>, String> {
     if keys.is_empty() {
         return Err("give one or more keys, or --identity ID --policy NAME".into());
     }
-    Ok(keys.iter().map(|k| format!("{} {k}", key_slot(k.as_bytes()))).collect())
+    Ok(keys
+        .iter()
+        .map(|k| format!("{} {k}", key_slot(k.as_bytes())))
+        .collect())
 }

@@ -96,9 +96,13 @@ struct Sample {
 
 /// Parses `--header 'name: value'`.
 fn parse_header(h: &str) -> Result<(http::HeaderName, http::HeaderValue), String> {
-    let (n, v) = h.split_once(':').ok_or_else(|| format!("header {h:?} must look like 'name: value'"))?;
-    let name = http::HeaderName::from_bytes(n.trim().as_bytes()).map_err(|e| format!("header name {n:?}: {e}"))?;
-    let value = http::HeaderValue::from_str(v.trim()).map_err(|e| format!("header value {v:?}: {e}"))?;
+    let (n, v) = h
+        .split_once(':')
+        .ok_or_else(|| format!("header {h:?} must look like 'name: value'"))?;
+    let name = http::HeaderName::from_bytes(n.trim().as_bytes())
+        .map_err(|e| format!("header name {n:?}: {e}"))?;
+    let value =
+        http::HeaderValue::from_str(v.trim()).map_err(|e| format!("header value {v:?}: {e}"))?;
     Ok((name, value))
 }
 
@@ -115,7 +119,10 @@ pub fn policy_from_header(value: &str) -> Option<Algorithm> {
         }
     }
     let (q, w) = (q?, w?);
-    (q > 0 && w > 0).then(|| Algorithm::TokenBucket { capacity: q, rate: Rate::new(q, w * 1000) })
+    (q > 0 && w > 0).then(|| Algorithm::TokenBucket {
+        capacity: q,
+        rate: Rate::new(q, w * 1000),
+    })
 }
 
 /// Runs `algorithm` over ideal arrivals at `rate` for `n` requests starting at `t0_us`:
@@ -152,14 +159,25 @@ fn percentile(sorted: &[u64], p: f64) -> f64 {
 
 /// Runs the load test.
 pub async fn run(args: &LoadtestArgs) -> Result<LoadReport, String> {
-    let rate: Rate = args.rate.parse().map_err(|e: sluice_core::PolicyError| e.to_string())?;
+    let rate: Rate = args
+        .rate
+        .parse()
+        .map_err(|e: sluice_core::PolicyError| e.to_string())?;
     let duration_ms = parse_duration_ms(&args.duration).map_err(|e| e.to_string())?;
-    let timeout = Duration::from_millis(parse_duration_ms(&args.timeout).map_err(|e| e.to_string())?);
-    let uri: http::Uri = args.url.parse().map_err(|e| format!("bad URL {:?}: {e}", args.url))?;
+    let timeout =
+        Duration::from_millis(parse_duration_ms(&args.timeout).map_err(|e| e.to_string())?);
+    let uri: http::Uri = args
+        .url
+        .parse()
+        .map_err(|e| format!("bad URL {:?}: {e}", args.url))?;
     if uri.scheme_str() != Some("http") {
         return Err("only http:// URLs are supported".into());
     }
-    let headers = args.headers.iter().map(|h| parse_header(h)).collect::<Result<Vec<_>, _>>()?;
+    let headers = args
+        .headers
+        .iter()
+        .map(|h| parse_header(h))
+        .collect::<Result<Vec<_>, _>>()?;
     let expected = args.expect.as_deref().map(parse_spec).transpose()?;
     let n = ((duration_ms as u128 * rate.amount as u128) / rate.per_ms as u128) as u64;
     let n = n.min(args.max_requests);
@@ -181,13 +199,16 @@ pub async fn run(args: &LoadtestArgs) -> Result<LoadReport, String> {
             for i in 0..n {
                 let at = t0 + Duration::from_nanos((i as u128 * interval_ns) as u64);
                 tokio::time::sleep_until(at).await;
-                let (client, uri, headers, tx) = (client.clone(), uri.clone(), headers.clone(), tx.clone());
+                let (client, uri, headers, tx) =
+                    (client.clone(), uri.clone(), headers.clone(), tx.clone());
                 tokio::spawn(async move {
                     let mut req = http::Request::get(uri);
                     for (k, v) in headers.iter() {
                         req = req.header(k, v);
                     }
-                    let Ok(req) = req.body(Empty::<Bytes>::new()) else { return };
+                    let Ok(req) = req.body(Empty::<Bytes>::new()) else {
+                        return;
+                    };
                     let started = Instant::now();
                     let offset_us = started.duration_since(t0).as_micros() as u64;
                     let res = tokio::time::timeout(timeout, async {
@@ -209,7 +230,14 @@ pub async fn run(args: &LoadtestArgs) -> Result<LoadReport, String> {
                         Some((s, p)) => (Some(s), p),
                         None => (None, None),
                     };
-                    let _ = tx.send((Sample { offset_us, status, latency_us }, policy));
+                    let _ = tx.send((
+                        Sample {
+                            offset_us,
+                            status,
+                            latency_us,
+                        },
+                        policy,
+                    ));
                 });
             }
         })
@@ -251,19 +279,16 @@ pub async fn run(args: &LoadtestArgs) -> Result<LoadReport, String> {
     let mut lat: Vec<u64> = Vec::with_capacity(samples.len());
     for s in &samples {
         let sec = ((s.offset_us / 1_000_000) as usize).min(secs - 1);
-        match s.status {
-            Some(code) => {
-                *statuses.entry(code.to_string()).or_insert(0) += 1;
-                if (200..300).contains(&code) {
-                    admitted += 1;
-                    per_second[sec].0 += 1;
-                } else if code == 429 {
-                    limited += 1;
-                    per_second[sec].1 += 1;
-                }
-                lat.push(s.latency_us);
+        if let Some(code) = s.status {
+            *statuses.entry(code.to_string()).or_insert(0) += 1;
+            if (200..300).contains(&code) {
+                admitted += 1;
+                per_second[sec].0 += 1;
+            } else if code == 429 {
+                limited += 1;
+                per_second[sec].1 += 1;
             }
-            None => {}
+            lat.push(s.latency_us);
         }
     }
     let errors = n - (samples.iter().filter(|s| s.status.is_some()).count() as u64);
@@ -300,20 +325,31 @@ pub async fn run(args: &LoadtestArgs) -> Result<LoadReport, String> {
         per_second,
     };
     if let Some(path) = &args.plot {
-        std::fs::write(path, crate::plot::svg(&report)).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        std::fs::write(path, crate::plot::svg(&report))
+            .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     Ok(report)
 }
 
 fn describe(a: &Algorithm) -> String {
     match a {
-        Algorithm::TokenBucket { capacity, rate } => format!("token-bucket capacity={capacity} rate={rate}"),
+        Algorithm::TokenBucket { capacity, rate } => {
+            format!("token-bucket capacity={capacity} rate={rate}")
+        }
         Algorithm::Gcra { rate, burst } => format!("gcra rate={rate} burst={burst}"),
-        Algorithm::LeakyBucket { capacity, rate, mode } => format!("leaky-bucket capacity={capacity} rate={rate} mode={mode:?}"),
+        Algorithm::LeakyBucket {
+            capacity,
+            rate,
+            mode,
+        } => format!("leaky-bucket capacity={capacity} rate={rate} mode={mode:?}"),
         Algorithm::FixedWindow { limit, window_ms }
         | Algorithm::SlidingWindowCounter { limit, window_ms }
         | Algorithm::SlidingWindowLog { limit, window_ms } => {
-            format!("{} limit={limit} window={}", a.kind(), sluice_core::policy::format_duration_ms(*window_ms))
+            format!(
+                "{} limit={limit} window={}",
+                a.kind(),
+                sluice_core::policy::format_duration_ms(*window_ms)
+            )
         }
         Algorithm::Concurrency { limit, .. } => format!("concurrency limit={limit}"),
     }
@@ -321,25 +357,59 @@ fn describe(a: &Algorithm) -> String {
 
 fn draw_progress(done: u64, total: u64) {
     let width: usize = 40;
-    let filled = if total == 0 { width } else { (done as usize * width / total as usize).min(width) };
+    let filled = if total == 0 {
+        width
+    } else {
+        (done as usize * width / total as usize).min(width)
+    };
     let mut err = std::io::stderr();
-    let _ = write!(err, "\r[{}{}] {done}/{total}", "#".repeat(filled), ".".repeat(width - filled));
+    let _ = write!(
+        err,
+        "\r[{}{}] {done}/{total}",
+        "#".repeat(filled),
+        ".".repeat(width - filled)
+    );
     let _ = err.flush();
 }
 
 /// The human summary.
 pub fn render(r: &LoadReport, out: &mut dyn Write) {
-    let _ = writeln!(out, "sent {} requests to {} at {:.1}/s for {:.1} s (took {:.1} s)", r.requests, r.url, r.rate_per_s, r.duration_s, r.elapsed_s);
-    let st: Vec<String> = r.statuses.iter().map(|(k, v)| format!("{k}: {v}")).collect();
-    let _ = writeln!(out, "status   {}{}", st.join("   "), if r.errors > 0 { format!("   errors: {}", r.errors) } else { String::new() });
+    let _ = writeln!(
+        out,
+        "sent {} requests to {} at {:.1}/s for {:.1} s (took {:.1} s)",
+        r.requests, r.url, r.rate_per_s, r.duration_s, r.elapsed_s
+    );
+    let st: Vec<String> = r
+        .statuses
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect();
+    let _ = writeln!(
+        out,
+        "status   {}{}",
+        st.join("   "),
+        if r.errors > 0 {
+            format!("   errors: {}", r.errors)
+        } else {
+            String::new()
+        }
+    );
     let l = &r.latency_ms;
-    let _ = writeln!(out, "latency  p50 {:.2} ms   p90 {:.2} ms   p99 {:.2} ms   max {:.2} ms", l.p50, l.p90, l.p99, l.max);
+    let _ = writeln!(
+        out,
+        "latency  p50 {:.2} ms   p90 {:.2} ms   p99 {:.2} ms   max {:.2} ms",
+        l.p50, l.p90, l.p99, l.max
+    );
     match (r.predicted_admitted, &r.policy) {
         (Some(p), Some(desc)) => {
             let _ = writeln!(out, "admitted {}   predicted {}   ({desc})", r.admitted, p);
         }
         _ => {
-            let _ = writeln!(out, "admitted {}   (no policy known: pass --expect to predict)", r.admitted);
+            let _ = writeln!(
+                out,
+                "admitted {}   (no policy known: pass --expect to predict)",
+                r.admitted
+            );
         }
     }
 }
@@ -351,7 +421,10 @@ mod tests {
     #[test]
     fn guide_prediction_is_159() {
         // 20 req/s for 30 s against a bucket of 10 refilling 5/s: 10 + 5 x 29.95 s = 159.
-        let a = Algorithm::TokenBucket { capacity: 10, rate: Rate::per_second(5) };
+        let a = Algorithm::TokenBucket {
+            capacity: 10,
+            rate: Rate::per_second(5),
+        };
         let per = predict(&a, Rate::per_second(20), 600, 1_700_000_000_000_000);
         assert_eq!(per.iter().sum::<u64>(), 159);
         assert_eq!(per[0], 14); // the burst of 10 plus 5 refilled in the first second (t = 0.2 .. 0.8 s)
@@ -361,7 +434,10 @@ mod tests {
     fn reads_ratelimit_policy() {
         assert_eq!(
             policy_from_header("\"burst\";q=10;w=2"),
-            Some(Algorithm::TokenBucket { capacity: 10, rate: Rate::new(10, 2000) })
+            Some(Algorithm::TokenBucket {
+                capacity: 10,
+                rate: Rate::new(10, 2000)
+            })
         );
         assert_eq!(policy_from_header("garbage"), None);
     }

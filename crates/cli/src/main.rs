@@ -44,7 +44,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG").unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
+                .unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -70,15 +71,21 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             let all = sluice_redis::scripts();
-            if let Some(unknown) = names.iter().find(|n| !all.iter().any(|(name, _)| name == n)) {
+            if let Some(unknown) = names
+                .iter()
+                .find(|n| !all.iter().any(|(name, _)| name == n))
+            {
                 let known: Vec<&str> = all.iter().map(|(n, _)| *n).collect();
-                return fail(&format!("no script named {unknown:?}; scripts: {}", known.join(", ")));
+                return fail(&format!(
+                    "no script named {unknown:?}; scripts: {}",
+                    known.join(", ")
+                ));
             }
             for (name, source) in all {
-                if names.is_empty() || names.iter().any(|n| n == name) {
-                    if writeln!(out, "-- ===== {name} =====\n{source}\n").is_err() {
-                        break;
-                    }
+                if (names.is_empty() || names.iter().any(|n| n == name))
+                    && writeln!(out, "-- ===== {name} =====\n{source}\n").is_err()
+                {
+                    break;
                 }
             }
             ExitCode::SUCCESS
@@ -116,13 +123,22 @@ async fn run_async(command: Command) -> ExitCode {
                         r.requests,
                         r.sluice_admitted,
                         r.requests,
-                        if r.sluice_errors > 0 { format!(" ({} store errors)", r.sluice_errors) } else { String::new() }
+                        if r.sluice_errors > 0 {
+                            format!(" ({} store errors)", r.sluice_errors)
+                        } else {
+                            String::new()
+                        }
                     );
                 }
                 if r.exact() {
                     ExitCode::SUCCESS
                 } else {
-                    let _ = writeln!(std::io::stderr(), "sluice admitted {} but the limit is {}", r.sluice_admitted, r.limit);
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "sluice admitted {} but the limit is {}",
+                        r.sluice_admitted,
+                        r.limit
+                    );
                     ExitCode::FAILURE
                 }
             }

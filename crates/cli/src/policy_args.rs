@@ -43,30 +43,47 @@ impl PolicyArgs {
     pub fn algorithm(&self) -> Result<Algorithm, String> {
         let a = self.algorithm.as_str();
         let rate = |r: &Option<String>| -> Result<Rate, String> {
-            need(r.as_deref(), "rate", a)?.parse::<Rate>().map_err(|e| e.to_string())
+            need(r.as_deref(), "rate", a)?
+                .parse::<Rate>()
+                .map_err(|e| e.to_string())
         };
         let window = || -> Result<u64, String> {
             parse_duration_ms(need(self.window.as_deref(), "window", a)?).map_err(|e| e.to_string())
         };
         let alg = match a {
-            "token-bucket" | "tb" => Algorithm::TokenBucket { capacity: need(self.capacity, "capacity", a)?, rate: rate(&self.rate)? },
-            "gcra" => Algorithm::Gcra { rate: rate(&self.rate)?, burst: self.burst.unwrap_or(0) },
+            "token-bucket" | "tb" => Algorithm::TokenBucket {
+                capacity: need(self.capacity, "capacity", a)?,
+                rate: rate(&self.rate)?,
+            },
+            "gcra" => Algorithm::Gcra {
+                rate: rate(&self.rate)?,
+                burst: self.burst.unwrap_or(0),
+            },
             "leaky-bucket" | "lb" => Algorithm::LeakyBucket {
                 capacity: need(self.capacity, "capacity", a)?,
                 rate: rate(&self.rate)?,
                 mode: match self.mode.as_str() {
                     "policing" => LeakyMode::Policing,
                     "shaping" => LeakyMode::Shaping,
-                    m => return Err(format!("unknown leaky-bucket mode {m:?}: expected policing or shaping")),
+                    m => {
+                        return Err(format!(
+                            "unknown leaky-bucket mode {m:?}: expected policing or shaping"
+                        ));
+                    }
                 },
             },
-            "fixed-window" | "fw" => Algorithm::FixedWindow { limit: need(self.limit, "limit", a)?, window_ms: window()? },
-            "sliding-counter" | "sliding-window-counter" => {
-                Algorithm::SlidingWindowCounter { limit: need(self.limit, "limit", a)?, window_ms: window()? }
-            }
-            "sliding-log" | "sliding-window-log" | "sw" => {
-                Algorithm::SlidingWindowLog { limit: need(self.limit, "limit", a)?, window_ms: window()? }
-            }
+            "fixed-window" | "fw" => Algorithm::FixedWindow {
+                limit: need(self.limit, "limit", a)?,
+                window_ms: window()?,
+            },
+            "sliding-counter" | "sliding-window-counter" => Algorithm::SlidingWindowCounter {
+                limit: need(self.limit, "limit", a)?,
+                window_ms: window()?,
+            },
+            "sliding-log" | "sliding-window-log" | "sw" => Algorithm::SlidingWindowLog {
+                limit: need(self.limit, "limit", a)?,
+                window_ms: window()?,
+            },
             "concurrency" => Algorithm::Concurrency {
                 limit: need(self.limit, "limit", a)?,
                 lease_ms: parse_duration_ms(&self.lease).map_err(|e| e.to_string())?,
@@ -97,9 +114,14 @@ pub fn parse_spec(spec: &str) -> Result<Algorithm, String> {
         lease: "30s".into(),
     };
     for kv in params.split(',').filter(|s| !s.trim().is_empty()) {
-        let (k, v) = kv.split_once('=').ok_or_else(|| format!("expected key=value in {kv:?}"))?;
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("expected key=value in {kv:?}"))?;
         let v = v.trim();
-        let num = || v.parse::<u64>().map_err(|_| format!("{k} must be a whole number, got {v:?}"));
+        let num = || {
+            v.parse::<u64>()
+                .map_err(|_| format!("{k} must be a whole number, got {v:?}"))
+        };
         match k.trim() {
             "capacity" => args.capacity = Some(num()?),
             "burst" => args.burst = Some(num()?),
@@ -122,13 +144,23 @@ mod tests {
     fn parses_expect_specs() {
         assert_eq!(
             parse_spec("token-bucket:capacity=10,rate=5/s").unwrap(),
-            Algorithm::TokenBucket { capacity: 10, rate: Rate::per_second(5) }
+            Algorithm::TokenBucket {
+                capacity: 10,
+                rate: Rate::per_second(5)
+            }
         );
         assert_eq!(
             parse_spec("sliding-log:limit=3,window=10s").unwrap(),
-            Algorithm::SlidingWindowLog { limit: 3, window_ms: 10_000 }
+            Algorithm::SlidingWindowLog {
+                limit: 3,
+                window_ms: 10_000
+            }
         );
-        assert!(parse_spec("token-bucket:capacity=10").unwrap_err().contains("--rate"));
+        assert!(
+            parse_spec("token-bucket:capacity=10")
+                .unwrap_err()
+                .contains("--rate")
+        );
         assert!(parse_spec("nope:limit=1").is_err());
     }
 }

@@ -50,17 +50,30 @@ pub async fn run(args: &RaceArgs) -> Result<RaceReport, String> {
     if args.requests > 100_000 {
         return Err("--requests is capped at 100000".into());
     }
-    let url: StoreUrl = args.store.parse().map_err(|e: sluice::StoreError| e.to_string())?;
+    let url: StoreUrl = args
+        .store
+        .parse()
+        .map_err(|e: sluice::StoreError| e.to_string())?;
     let tag = format!("race:{:016x}", rand_id());
     let naive_admitted = match &url {
         StoreUrl::Memory => naive_memory(args.requests, args.limit).await,
-        StoreUrl::Redis(u) => naive_redis(u, &format!("{tag}:naive"), args.requests, args.limit).await?,
+        StoreUrl::Redis(u) => {
+            naive_redis(u, &format!("{tag}:naive"), args.requests, args.limit).await?
+        }
     };
 
-    let options = StoreOptions { timeout: Duration::from_secs(5), ..Default::default() };
-    let limiter = Limiter::connect(&args.store, options).await.map_err(|e| format!("cannot use store: {e}"))?;
+    let options = StoreOptions {
+        timeout: Duration::from_secs(5),
+        ..Default::default()
+    };
+    let limiter = Limiter::connect(&args.store, options)
+        .await
+        .map_err(|e| format!("cannot use store: {e}"))?;
     // A bucket of `limit` that refills one token a day: no refill during the race.
-    let algorithm = Algorithm::TokenBucket { capacity: args.limit, rate: Rate::new(1, 86_400_000) };
+    let algorithm = Algorithm::TokenBucket {
+        capacity: args.limit,
+        rate: Rate::new(1, 86_400_000),
+    };
     let mut policy = Policy::new("race", algorithm).map_err(|e| e.to_string())?;
     policy.failure_mode = FailureMode::Closed;
     let policy = Arc::new(policy);
@@ -117,9 +130,17 @@ async fn naive_redis(url: &str, key: &str, requests: u64, limit: u64) -> Result<
             .map(|(_, rest)| rest.split(',').map(|h| format!("redis://{h}")).collect())
             .unwrap_or_default();
         let client = redis::cluster::ClusterClient::new(nodes).map_err(|e| e.to_string())?;
-        let conn = client.get_async_connection().await.map_err(|e| format!("cannot connect: {e}"))?;
+        let conn = client
+            .get_async_connection()
+            .await
+            .map_err(|e| format!("cannot connect: {e}"))?;
         for _ in 0..requests {
-            let (mut conn, key, admitted, start) = (conn.clone(), key.to_string(), admitted.clone(), start.clone());
+            let (mut conn, key, admitted, start) = (
+                conn.clone(),
+                key.to_string(),
+                admitted.clone(),
+                start.clone(),
+            );
             tasks.push(tokio::spawn(async move {
                 start.wait().await;
                 naive_once(&mut conn, &key, limit, &admitted).await
@@ -127,9 +148,17 @@ async fn naive_redis(url: &str, key: &str, requests: u64, limit: u64) -> Result<
         }
     } else {
         let client = redis::Client::open(url).map_err(|e| e.to_string())?;
-        let conn = client.get_multiplexed_async_connection().await.map_err(|e| format!("cannot connect: {e}"))?;
+        let conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(|e| format!("cannot connect: {e}"))?;
         for _ in 0..requests {
-            let (mut conn, key, admitted, start) = (conn.clone(), key.to_string(), admitted.clone(), start.clone());
+            let (mut conn, key, admitted, start) = (
+                conn.clone(),
+                key.to_string(),
+                admitted.clone(),
+                start.clone(),
+            );
             tasks.push(tokio::spawn(async move {
                 start.wait().await;
                 naive_once(&mut conn, &key, limit, &admitted).await
@@ -148,12 +177,23 @@ async fn naive_once<C: redis::aio::ConnectionLike + Send>(
     limit: u64,
     admitted: &AtomicU64,
 ) -> Result<(), String> {
-    let used: Option<u64> = redis::cmd("GET").arg(key).query_async(conn).await.map_err(|e| e.to_string())?;
+    let used: Option<u64> = redis::cmd("GET")
+        .arg(key)
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())?;
     let used = used.unwrap_or(0);
     if used >= limit {
         return Ok(());
     }
-    let _: () = redis::cmd("SET").arg(key).arg(used + 1).arg("EX").arg(60).query_async(conn).await.map_err(|e| e.to_string())?;
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg(used + 1)
+        .arg("EX")
+        .arg(60)
+        .query_async(conn)
+        .await
+        .map_err(|e| e.to_string())?;
     admitted.fetch_add(1, Ordering::Relaxed);
     Ok(())
 }

@@ -6,7 +6,10 @@ use std::sync::OnceLock;
 use sluice_testkit::servers::{RedisCluster, RedisServer};
 
 fn sluice(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice")).args(args).output().expect("run sluice");
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .output()
+        .expect("run sluice");
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -41,7 +44,10 @@ fn rand_u32() -> u32 {
 }
 
 fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
-    stdout.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}"))).collect()
+    stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{l}: {e}")))
+        .collect()
 }
 
 /// The guide's step 3: capacity 5, 1/s -> 5 allowed with remaining 4..0, then denied with a
@@ -49,8 +55,19 @@ fn json_lines(stdout: &str) -> Vec<serde_json::Value> {
 fn guide_token_bucket(store: &str) {
     let id = unique("user");
     let (code, out, err) = sluice(&[
-        "check", "--store", store, "--algorithm", "token-bucket", "--capacity", "5", "--rate", "1/s", "--count", "7",
-        "--json", &id,
+        "check",
+        "--store",
+        store,
+        "--algorithm",
+        "token-bucket",
+        "--capacity",
+        "5",
+        "--rate",
+        "1/s",
+        "--count",
+        "7",
+        "--json",
+        &id,
     ]);
     assert_eq!(code, 0, "{err}");
     let lines = json_lines(&out);
@@ -64,7 +81,10 @@ fn guide_token_bucket(store: &str) {
     for l in &lines[5..] {
         assert_eq!(l["allowed"], false, "{l}");
         let retry = l["retry_after_ms"].as_u64().unwrap();
-        assert!((900..=1000).contains(&retry), "retry {retry} should be close to 1000 ms");
+        assert!(
+            (900..=1000).contains(&retry),
+            "retry {retry} should be close to 1000 ms"
+        );
     }
 }
 
@@ -73,17 +93,35 @@ fn guide_token_bucket(store: &str) {
 fn guide_sliding_log(store: &str) {
     let id = unique("user");
     let (code, out, err) = sluice(&[
-        "check", "--store", store, "-a", "sliding-log", "--limit", "3", "--window", "10s", "-n", "5", "--json", &id,
+        "check",
+        "--store",
+        store,
+        "-a",
+        "sliding-log",
+        "--limit",
+        "3",
+        "--window",
+        "10s",
+        "-n",
+        "5",
+        "--json",
+        &id,
     ]);
     assert_eq!(code, 0, "{err}");
     let lines = json_lines(&out);
-    let allowed: Vec<bool> = lines.iter().map(|l| l["allowed"].as_bool().unwrap()).collect();
+    let allowed: Vec<bool> = lines
+        .iter()
+        .map(|l| l["allowed"].as_bool().unwrap())
+        .collect();
     assert_eq!(allowed, [true, true, true, false, false]);
     assert_eq!(lines[0]["remaining"], 2);
     assert_eq!(lines[2]["remaining"], 0);
     for l in &lines[3..] {
         let retry = l["retry_after_ms"].as_u64().unwrap();
-        assert!((9000..=10_000).contains(&retry), "retry {retry} should be close to 10000 ms");
+        assert!(
+            (9000..=10_000).contains(&retry),
+            "retry {retry} should be close to 10000 ms"
+        );
     }
 }
 
@@ -106,30 +144,64 @@ fn check_reports_bad_flags_and_unreachable_stores() {
     let (code, _, err) = sluice(&["check", "-a", "token-bucket", "--rate", "1/s", "u"]);
     assert_eq!(code, 2);
     assert!(err.contains("--capacity"), "{err}");
-    let (code, _, err) = sluice(&["check", "-a", "token-bucket", "--capacity", "5", "--rate", "5/x", "u"]);
+    let (code, _, err) = sluice(&[
+        "check",
+        "-a",
+        "token-bucket",
+        "--capacity",
+        "5",
+        "--rate",
+        "5/x",
+        "u",
+    ]);
     assert_eq!(code, 2);
     assert!(err.contains("invalid rate"), "{err}");
-    let (code, _, err) = sluice(&["check", "--store", "redis://127.0.0.1:1", "-a", "gcra", "--rate", "1/s", "u"]);
+    let (code, _, err) = sluice(&[
+        "check",
+        "--store",
+        "redis://127.0.0.1:1",
+        "-a",
+        "gcra",
+        "--rate",
+        "1/s",
+        "u",
+    ]);
     assert_eq!(code, 2);
     assert!(err.contains("cannot use store"), "{err}");
 }
 
 fn race(store: &str, requests: u32, limit: u32) -> serde_json::Value {
-    let (code, out, err) =
-        sluice(&["race", "--store", store, "--requests", &requests.to_string(), "--limit", &limit.to_string(), "--json"]);
+    let (code, out, err) = sluice(&[
+        "race",
+        "--store",
+        store,
+        "--requests",
+        &requests.to_string(),
+        "--limit",
+        &limit.to_string(),
+        "--json",
+    ]);
     assert_eq!(code, 0, "sluice race must exit 0 when exact: {out}{err}");
     serde_json::from_str(out.trim()).unwrap()
 }
 
 #[test]
 fn race_shows_the_naive_race_and_sluice_exactness() {
-    for url in ["memory".to_string(), redis().url(), valkey().url(), cluster().url()] {
+    for url in [
+        "memory".to_string(),
+        redis().url(),
+        valkey().url(),
+        cluster().url(),
+    ] {
         let r = race(&url, 200, 10);
         assert_eq!(r["requests"], 200);
         assert_eq!(r["limit"], 10);
         assert_eq!(r["sluice_admitted"], 10, "{url}: {r}");
         let naive = r["naive_admitted"].as_u64().unwrap();
-        assert!(naive > 10, "{url}: the naive GET+SET should admit more than the limit, got {naive}");
+        assert!(
+            naive > 10,
+            "{url}: the naive GET+SET should admit more than the limit, got {naive}"
+        );
     }
 }
 
@@ -146,7 +218,12 @@ fn keyslot_matches_cluster_keyslot_on_a_real_cluster() {
     let node = &cluster().nodes()[0];
     let mut keys: Vec<String> = (0..300).map(|i| format!("rl:{{user:{i}}}:tb")).collect();
     keys.extend((0..50).map(|i| format!("plain-key-{i}")));
-    keys.extend(["{}x".to_string(), "a{}{b}".to_string(), "{a}{b}".to_string(), "x{y".to_string()]);
+    keys.extend([
+        "{}x".to_string(),
+        "a{}{b}".to_string(),
+        "{a}{b}".to_string(),
+        "x{y".to_string(),
+    ]);
     let mut args = vec!["keyslot"];
     args.extend(keys.iter().map(String::as_str));
     let (code, out, err) = sluice(&args);
@@ -175,12 +252,35 @@ fn keyslot_builds_the_key_for_an_identity() {
 fn scripts_prints_every_script_with_its_contract() {
     let (code, out, _) = sluice(&["scripts"]);
     assert_eq!(code, 0);
-    for algorithm in ["token-bucket", "gcra", "leaky-bucket", "fixed-window", "sliding-counter", "sliding-log", "concurrency", "multi", "release"] {
-        assert!(out.contains(&format!("===== {algorithm} =====")), "missing {algorithm}");
+    for algorithm in [
+        "token-bucket",
+        "gcra",
+        "leaky-bucket",
+        "fixed-window",
+        "sliding-counter",
+        "sliding-log",
+        "concurrency",
+        "multi",
+        "release",
+    ] {
+        assert!(
+            out.contains(&format!("===== {algorithm} =====")),
+            "missing {algorithm}"
+        );
     }
-    assert!(out.contains("KEYS[1]"), "scripts must document their KEYS contract");
-    assert!(out.contains("ARGV"), "scripts must document their ARGV contract");
+    assert!(
+        out.contains("KEYS[1]"),
+        "scripts must document their KEYS contract"
+    );
+    assert!(
+        out.contains("ARGV"),
+        "scripts must document their ARGV contract"
+    );
     let (code, out, _) = sluice(&["scripts", "--functions"]);
     assert_eq!(code, 0);
-    assert!(out.starts_with("#!lua name="), "{}", &out[..out.len().min(80)]);
+    assert!(
+        out.starts_with("#!lua name="),
+        "{}",
+        &out[..out.len().min(80)]
+    );
 }

@@ -116,7 +116,11 @@ impl MultiDecision {
 
     /// The longest retry among the denying decisions (how long the caller must wait).
     pub fn retry_after_ms(&self) -> u64 {
-        self.decisions.iter().map(|d| d.retry_after_ms).max().unwrap_or(0)
+        self.decisions
+            .iter()
+            .map(|d| d.retry_after_ms)
+            .max()
+            .unwrap_or(0)
     }
 }
 

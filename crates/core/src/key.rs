@@ -70,7 +70,9 @@ pub struct KeyScheme {
 
 impl Default for KeyScheme {
     fn default() -> Self {
-        Self { prefix: "rl".to_string() }
+        Self {
+            prefix: "rl".to_string(),
+        }
     }
 }
 
@@ -101,7 +103,9 @@ pub fn escape_identity_into(out: &mut String, identity: &[u8]) {
 impl KeyScheme {
     /// A scheme with another prefix than `rl` (ASCII letters, digits, `-`, `_`, `.`).
     pub fn with_prefix(prefix: impl Into<String>) -> Self {
-        Self { prefix: prefix.into() }
+        Self {
+            prefix: prefix.into(),
+        }
     }
 
     /// The key prefix.
@@ -134,12 +138,11 @@ impl KeyScheme {
 /// The hash-tag part of a key as Redis Cluster defines it: the text between the first `{`
 /// and the next `}` if that is non-empty, else the whole key.
 pub fn hash_tag(key: &[u8]) -> &[u8] {
-    if let Some(open) = key.iter().position(|&b| b == b'{') {
-        if let Some(len) = key[open + 1..].iter().position(|&b| b == b'}') {
-            if len > 0 {
-                return &key[open + 1..open + 1 + len];
-            }
-        }
+    if let Some(open) = key.iter().position(|&b| b == b'{')
+        && let Some(len) = key[open + 1..].iter().position(|&b| b == b'}')
+        && len > 0
+    {
+        return &key[open + 1..open + 1 + len];
     }
     key
 }
@@ -169,13 +172,19 @@ mod tests {
         assert_eq!(k, "rl:{a%7D%7Bb%20c%0A%25}:p");
         assert_eq!(hash_tag(k.as_bytes()), b"a%7D%7Bb%20c%0A%25");
         // An identity spelling an escape differs from the byte it escapes.
-        assert_ne!(s.key(&Identity::new("%7D"), "p"), s.key(&Identity::new("}"), "p"));
+        assert_ne!(
+            s.key(&Identity::new("%7D"), "p"),
+            s.key(&Identity::new("}"), "p")
+        );
     }
 
     #[test]
     fn the_empty_identity_keeps_a_non_empty_tag() {
         let s = KeyScheme::default();
-        let (a, b) = (s.key(&Identity::new(""), "a"), s.key(&Identity::new(""), "b"));
+        let (a, b) = (
+            s.key(&Identity::new(""), "a"),
+            s.key(&Identity::new(""), "b"),
+        );
         assert_eq!(a, "rl:{%}:a");
         assert_eq!(key_slot(a.as_bytes()), key_slot(b.as_bytes()));
         assert_ne!(a, s.key(&Identity::new("%"), "a"));

@@ -58,7 +58,11 @@ impl FromStr for Rate {
     type Err = PolicyError;
     /// Parses `5/s`, `300/min`, `1000/day`, `10/2s`, `7/500ms`.
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let bad = || PolicyError::Parse(format!("invalid rate {s:?}: expected AMOUNT/UNIT such as 5/s, 300/min, 10/2s"));
+        let bad = || {
+            PolicyError::Parse(format!(
+                "invalid rate {s:?}: expected AMOUNT/UNIT such as 5/s, 300/min, 10/2s"
+            ))
+        };
         let (amount, unit) = s.trim().split_once('/').ok_or_else(bad)?;
         let amount: u64 = amount.trim().parse().map_err(|_| bad())?;
         let unit = unit.trim();
@@ -81,7 +85,11 @@ impl FromStr for Rate {
 /// into milliseconds.
 pub fn parse_duration_ms(s: &str) -> Result<u64, PolicyError> {
     let s = s.trim();
-    let bad = || PolicyError::Parse(format!("invalid duration {s:?}: expected e.g. 500ms, 10s, 1m, 2h, 1d"));
+    let bad = || {
+        PolicyError::Parse(format!(
+            "invalid duration {s:?}: expected e.g. 500ms, 10s, 1m, 2h, 1d"
+        ))
+    };
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     let n: u64 = num.parse().map_err(|_| bad())?;
@@ -98,13 +106,13 @@ pub fn parse_duration_ms(s: &str) -> Result<u64, PolicyError> {
 
 /// Formats milliseconds the way [`parse_duration_ms`] reads them.
 pub fn format_duration_ms(ms: u64) -> String {
-    if ms % 86_400_000 == 0 {
+    if ms.is_multiple_of(86_400_000) {
         format!("{}d", ms / 86_400_000)
-    } else if ms % 3_600_000 == 0 {
+    } else if ms.is_multiple_of(3_600_000) {
         format!("{}h", ms / 3_600_000)
-    } else if ms % 60_000 == 0 {
+    } else if ms.is_multiple_of(60_000) {
         format!("{}m", ms / 60_000)
-    } else if ms % 1000 == 0 {
+    } else if ms.is_multiple_of(1000) {
         format!("{}s", ms / 1000)
     } else {
         format!("{ms}ms")
@@ -133,7 +141,11 @@ pub enum Algorithm {
     /// `burst` extra requests beyond the steady `rate` (so `burst + 1` at once).
     Gcra { rate: Rate, burst: u64 },
     /// Bucket of `capacity` draining at `rate`; see [`LeakyMode`].
-    LeakyBucket { capacity: u64, rate: Rate, mode: LeakyMode },
+    LeakyBucket {
+        capacity: u64,
+        rate: Rate,
+        mode: LeakyMode,
+    },
     /// `limit` per window of `window_ms`, windows aligned to the Unix epoch.
     FixedWindow { limit: u64, window_ms: u64 },
     /// Current window plus the previous one weighted by its overlap with the sliding window.
@@ -161,7 +173,9 @@ impl Algorithm {
     /// The quota shown to clients (`q` of `RateLimit-Policy`).
     pub fn quota(&self) -> u64 {
         match *self {
-            Algorithm::TokenBucket { capacity, .. } | Algorithm::LeakyBucket { capacity, .. } => capacity,
+            Algorithm::TokenBucket { capacity, .. } | Algorithm::LeakyBucket { capacity, .. } => {
+                capacity
+            }
             Algorithm::Gcra { burst, .. } => burst + 1,
             Algorithm::FixedWindow { limit, .. }
             | Algorithm::SlidingWindowCounter { limit, .. }
@@ -174,7 +188,8 @@ impl Algorithm {
     /// the time to refill the whole quota (a bucket of 10 at 5/s is "10 per 2 s").
     pub fn window_ms(&self) -> u64 {
         match *self {
-            Algorithm::TokenBucket { capacity, rate } | Algorithm::LeakyBucket { capacity, rate, .. } => {
+            Algorithm::TokenBucket { capacity, rate }
+            | Algorithm::LeakyBucket { capacity, rate, .. } => {
                 (capacity as u128 * rate.per_ms as u128).div_ceil(rate.amount as u128) as u64
             }
             Algorithm::Gcra { rate, burst } => {
@@ -194,24 +209,41 @@ impl Algorithm {
         let n = u64::from(n.max(1));
         let div = |v: u64| v.div_ceil(n).max(1);
         match *self {
-            Algorithm::TokenBucket { capacity, rate } => {
-                Algorithm::TokenBucket { capacity: div(capacity), rate: Rate::new(div(rate.amount), rate.per_ms) }
-            }
+            Algorithm::TokenBucket { capacity, rate } => Algorithm::TokenBucket {
+                capacity: div(capacity),
+                rate: Rate::new(div(rate.amount), rate.per_ms),
+            },
             Algorithm::Gcra { rate, burst } => Algorithm::Gcra {
                 rate: Rate::new(div(rate.amount), rate.per_ms),
                 burst: div(burst + 1) - 1,
             },
-            Algorithm::LeakyBucket { capacity, rate, mode } => Algorithm::LeakyBucket {
+            Algorithm::LeakyBucket {
+                capacity,
+                rate,
+                mode,
+            } => Algorithm::LeakyBucket {
                 capacity: div(capacity),
                 rate: Rate::new(div(rate.amount), rate.per_ms),
                 mode,
             },
-            Algorithm::FixedWindow { limit, window_ms } => Algorithm::FixedWindow { limit: div(limit), window_ms },
+            Algorithm::FixedWindow { limit, window_ms } => Algorithm::FixedWindow {
+                limit: div(limit),
+                window_ms,
+            },
             Algorithm::SlidingWindowCounter { limit, window_ms } => {
-                Algorithm::SlidingWindowCounter { limit: div(limit), window_ms }
+                Algorithm::SlidingWindowCounter {
+                    limit: div(limit),
+                    window_ms,
+                }
             }
-            Algorithm::SlidingWindowLog { limit, window_ms } => Algorithm::SlidingWindowLog { limit: div(limit), window_ms },
-            Algorithm::Concurrency { limit, lease_ms } => Algorithm::Concurrency { limit: div(limit), lease_ms },
+            Algorithm::SlidingWindowLog { limit, window_ms } => Algorithm::SlidingWindowLog {
+                limit: div(limit),
+                window_ms,
+            },
+            Algorithm::Concurrency { limit, lease_ms } => Algorithm::Concurrency {
+                limit: div(limit),
+                lease_ms,
+            },
         }
     }
 
@@ -227,27 +259,38 @@ impl Algorithm {
         };
         let exact = |what: &str, v: u128| {
             if v > MAX_EXACT as u128 {
-                Err(PolicyError::Invalid(format!("{what} is too large for exact arithmetic (max 2^53)")))
+                Err(PolicyError::Invalid(format!(
+                    "{what} is too large for exact arithmetic (max 2^53)"
+                )))
             } else {
                 Ok(())
             }
         };
         match *self {
-            Algorithm::TokenBucket { capacity, rate } | Algorithm::LeakyBucket { capacity, rate, .. } => {
+            Algorithm::TokenBucket { capacity, rate }
+            | Algorithm::LeakyBucket { capacity, rate, .. } => {
                 positive("capacity", capacity)?;
                 positive("rate", rate.amount)?;
                 positive("rate period", rate.per_ms)?;
                 let r = rate.reduced();
-                exact("capacity x rate period", capacity as u128 * r.per_ms as u128)?;
+                exact(
+                    "capacity x rate period",
+                    capacity as u128 * r.per_ms as u128,
+                )?;
                 exact("rate", r.amount as u128)
             }
             Algorithm::Gcra { rate, burst } => {
                 positive("rate", rate.amount)?;
                 positive("rate period", rate.per_ms)?;
                 if rate.per_ms as u128 * 1000 / (rate.amount as u128) == 0 {
-                    return Err(PolicyError::Invalid("gcra rate must be at most 1 per microsecond".into()));
+                    return Err(PolicyError::Invalid(
+                        "gcra rate must be at most 1 per microsecond".into(),
+                    ));
                 }
-                exact("(burst + 1) x emission interval", (burst as u128 + 1) * rate.per_ms as u128 * 1000)
+                exact(
+                    "(burst + 1) x emission interval",
+                    (burst as u128 + 1) * rate.per_ms as u128 * 1000,
+                )
             }
             Algorithm::FixedWindow { limit, window_ms }
             | Algorithm::SlidingWindowCounter { limit, window_ms }
@@ -302,7 +345,13 @@ fn one() -> u32 {
 impl Policy {
     /// A policy with the defaults: fail open, not shadow, one shard.
     pub fn new(name: impl Into<String>, algorithm: Algorithm) -> Result<Self, PolicyError> {
-        let p = Self { name: name.into(), algorithm, failure_mode: FailureMode::Open, shadow: false, shards: 1 };
+        let p = Self {
+            name: name.into(),
+            algorithm,
+            failure_mode: FailureMode::Open,
+            shadow: false,
+            shards: 1,
+        };
         p.validate()?;
         Ok(p)
     }
@@ -322,7 +371,9 @@ impl Policy {
 pub fn validate_policy_name(name: &str) -> Result<(), PolicyError> {
     let ok = !name.is_empty()
         && name.len() <= 64
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
     if ok {
         Ok(())
     } else {
@@ -363,7 +414,10 @@ mod tests {
 
     #[test]
     fn bucket_window_matches_the_guide() {
-        let a = Algorithm::TokenBucket { capacity: 10, rate: Rate::per_second(5) };
+        let a = Algorithm::TokenBucket {
+            capacity: 10,
+            rate: Rate::per_second(5),
+        };
         assert_eq!((a.quota(), a.window_ms()), (10, 2000));
     }
 

@@ -45,7 +45,12 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 
     /// Releases a concurrency lease taken by an earlier check of `key`. Returns whether the
     /// lease was still held (false once it expired or was released).
-    async fn release(&self, key: &str, algorithm: &Algorithm, lease: &LeaseId) -> Result<bool, StoreError>;
+    async fn release(
+        &self,
+        key: &str,
+        algorithm: &Algorithm,
+        lease: &LeaseId,
+    ) -> Result<bool, StoreError>;
 
     /// A short name for logs and metrics (`memory`, `redis`, `redis-cluster`).
     fn kind(&self) -> &'static str;
@@ -62,7 +67,12 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     async fn check(&self, items: &[CheckItem<'_>]) -> Result<MultiDecision, StoreError> {
         (**self).check(items).await
     }
-    async fn release(&self, key: &str, algorithm: &Algorithm, lease: &LeaseId) -> Result<bool, StoreError> {
+    async fn release(
+        &self,
+        key: &str,
+        algorithm: &Algorithm,
+        lease: &LeaseId,
+    ) -> Result<bool, StoreError> {
         (**self).release(key, algorithm, lease).await
     }
     fn kind(&self) -> &'static str {

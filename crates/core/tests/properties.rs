@@ -23,16 +23,29 @@ struct Sim {
 
 impl Sim {
     fn new(algorithm: Algorithm) -> Self {
-        Self { algorithm, state: None, leases: 0 }
+        Self {
+            algorithm,
+            state: None,
+            leases: 0,
+        }
     }
 
     fn live(&self, now: u64) -> Option<&State> {
-        self.state.as_ref().filter(|(_, exp)| *exp > now).map(|(s, _)| s)
+        self.state
+            .as_ref()
+            .filter(|(_, exp)| *exp > now)
+            .map(|(s, _)| s)
     }
 
     /// Decides without applying.
     fn peek(&self, now: u64, cost: u64) -> algorithm::Outcome<State> {
-        algorithm::decide(&self.algorithm, self.live(now), now, cost, Some(&LeaseId(format!("l{}", self.leases))))
+        algorithm::decide(
+            &self.algorithm,
+            self.live(now),
+            now,
+            cost,
+            Some(&LeaseId(format!("l{}", self.leases))),
+        )
     }
 
     /// Decides and applies, checking the rules every algorithm shares.
@@ -44,7 +57,11 @@ impl Sim {
         let o = self.peek(now, cost);
         let d = o.decision.clone();
         if !d.allowed || cost == 0 {
-            assert_eq!(o.update, Update::Keep, "denials and peeks never write: {d:?}");
+            assert_eq!(
+                o.update,
+                Update::Keep,
+                "denials and peeks never write: {d:?}"
+            );
         }
         if d.allowed {
             assert_eq!((d.retry_after_ms, d.reason), (0, None));
@@ -72,9 +89,17 @@ impl Sim {
     fn check_retry_is_exact(&self, now: u64, cost: u64, retry: u64) {
         let at = |ms: u64| now / 1000 * 1000 + ms * 1000 + now % 1000;
         let late = self.peek(at(retry), cost).decision;
-        assert!(late.allowed, "{:?}: retry_after {retry} at {now} is not enough: {late:?}", self.algorithm);
+        assert!(
+            late.allowed,
+            "{:?}: retry_after {retry} at {now} is not enough: {late:?}",
+            self.algorithm
+        );
         let early = self.peek(at(retry - 1), cost).decision;
-        assert!(!early.allowed, "{:?}: retry_after {retry} is later than needed", self.algorithm);
+        assert!(
+            !early.allowed,
+            "{:?}: retry_after {retry} is later than needed",
+            self.algorithm
+        );
     }
 
     /// After `reset_after_ms` the key answers like a fresh one.
@@ -88,7 +113,11 @@ impl Sim {
         let lease = Some(LeaseId("x".into()));
         let a = algorithm::decide(&self.algorithm, state, later, 1, lease.as_ref()).decision;
         let b = algorithm::decide(&self.algorithm, None, later, 1, lease.as_ref()).decision;
-        assert_eq!(a, b, "{:?}: not back to the initial state after reset_after_ms", self.algorithm);
+        assert_eq!(
+            a, b,
+            "{:?}: not back to the initial state after reset_after_ms",
+            self.algorithm
+        );
     }
 }
 
@@ -118,7 +147,11 @@ fn admitted(sim: &mut Sim, seq: &[(u64, u64)]) -> Vec<(u64, u64, Decision)> {
 }
 
 fn rate() -> impl Strategy<Value = Rate> {
-    (1u64..=6, prop::sample::select(vec![100u64, 1000, 3000, 60_000])).prop_map(|(a, p)| Rate::new(a, p))
+    (
+        1u64..=6,
+        prop::sample::select(vec![100u64, 1000, 3000, 60_000]),
+    )
+        .prop_map(|(a, p)| Rate::new(a, p))
 }
 
 proptest! {

@@ -22,7 +22,11 @@ pub struct BreakerConfig {
 
 impl Default for BreakerConfig {
     fn default() -> Self {
-        Self { threshold: 5, min_backoff: Duration::from_millis(250), max_backoff: Duration::from_millis(500) }
+        Self {
+            threshold: 5,
+            min_backoff: Duration::from_millis(250),
+            max_backoff: Duration::from_millis(500),
+        }
     }
 }
 
@@ -57,7 +61,12 @@ impl CircuitBreaker {
     pub fn new(config: BreakerConfig) -> Self {
         Self {
             config,
-            inner: Mutex::new(Inner { failures: 0, open_until: None, backoff: config.min_backoff, probing: false }),
+            inner: Mutex::new(Inner {
+                failures: 0,
+                open_until: None,
+                backoff: config.min_backoff,
+                probing: false,
+            }),
         }
     }
 

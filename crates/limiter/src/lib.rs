@@ -23,6 +23,7 @@ pub use deny_cache::DenyCacheMode;
 pub use limiter::{Checked, Lease, LimitResult, Limiter, LimiterBuilder, Verdict};
 pub use sluice_core as core;
 pub use sluice_core::{
-    Algorithm, Decision, DenyReason, FailureMode, Identity, KeyScheme, LeakyMode, Policy, Rate, Store, StoreError,
+    Algorithm, Decision, DenyReason, FailureMode, Identity, KeyScheme, LeakyMode, Policy, Rate,
+    Store, StoreError,
 };
 pub use url::{StoreOptions, StoreUrl};

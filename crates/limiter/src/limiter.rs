@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 use sluice_core::key::key_slot;
 use sluice_core::store::CheckItem;
 use sluice_core::{
-    Decision, DenyReason, FailureMode, Identity, KeyScheme, LeaseId, MultiDecision, Policy, Store, StoreError,
+    Decision, DenyReason, FailureMode, Identity, KeyScheme, LeaseId, MultiDecision, Policy, Store,
+    StoreError,
 };
 
 use crate::breaker::{Admission, BreakerConfig, CircuitBreaker};
@@ -71,17 +72,28 @@ pub struct Checked {
 impl Checked {
     /// The results of enforced (non-shadow) policies that denied.
     pub fn denials(&self) -> impl Iterator<Item = &LimitResult> {
-        self.limits.iter().filter(|l| !l.policy.shadow && l.denied())
+        self.limits
+            .iter()
+            .filter(|l| !l.policy.shadow && l.denied())
     }
 
     /// The longest wait among enforced denials, in ms.
     pub fn retry_after_ms(&self) -> u64 {
-        self.denials().filter_map(|l| l.decision.as_ref()).map(|d| d.retry_after_ms).max().unwrap_or(0)
+        self.denials()
+            .filter_map(|l| l.decision.as_ref())
+            .map(|d| d.retry_after_ms)
+            .max()
+            .unwrap_or(0)
     }
 
     /// The largest shaping delay among the decisions, in ms.
     pub fn delay_ms(&self) -> u64 {
-        self.limits.iter().filter_map(|l| l.decision.as_ref()).map(|d| d.delay_ms).max().unwrap_or(0)
+        self.limits
+            .iter()
+            .filter_map(|l| l.decision.as_ref())
+            .map(|d| d.delay_ms)
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -143,7 +155,8 @@ impl LimiterBuilder {
                 last_log_ms: AtomicU64::new(0),
                 started: Instant::now(),
                 deny_mode,
-                deny_cache: (deny_mode != DenyCacheMode::Off).then(|| DenyCache::new(DENY_CACHE_CAPACITY)),
+                deny_cache: (deny_mode != DenyCacheMode::Off)
+                    .then(|| DenyCache::new(DENY_CACHE_CAPACITY)),
             }),
         }
     }
@@ -230,11 +243,21 @@ impl Limiter {
         for &(identity, policy, cost) in items {
             let (key, algorithm) = if policy.shards > 1 {
                 let shard = rand::random_range(0..policy.shards);
-                (inner.keys.shard_key(identity, &policy.name, Some(shard)), policy.algorithm.per_shard(policy.shards))
+                (
+                    inner.keys.shard_key(identity, &policy.name, Some(shard)),
+                    policy.algorithm.per_shard(policy.shards),
+                )
             } else {
-                (inner.keys.key(identity, &policy.name), policy.algorithm.clone())
+                (
+                    inner.keys.key(identity, &policy.name),
+                    policy.algorithm.clone(),
+                )
             };
-            limits.push(LimitResult { policy: Arc::clone(policy), decision: None, key });
+            limits.push(LimitResult {
+                policy: Arc::clone(policy),
+                decision: None,
+                key,
+            });
             algorithms.push((algorithm, cost));
         }
 
@@ -246,7 +269,10 @@ impl Limiter {
         let shadow = |i: usize| inner.global_shadow || limits[i].policy.shadow;
         let mut groups: Vec<(bool, Option<u16>, Vec<usize>)> = Vec::new();
         for i in 0..limits.len() {
-            let slot = inner.store.requires_single_slot().then(|| key_slot(limits[i].key.as_bytes()));
+            let slot = inner
+                .store
+                .requires_single_slot()
+                .then(|| key_slot(limits[i].key.as_bytes()));
             let sh = shadow(i);
             match groups.iter_mut().find(|g| g.0 == sh && g.1 == slot) {
                 Some(g) => g.2.push(i),
@@ -264,7 +290,11 @@ impl Limiter {
             }
             let check_items: Vec<CheckItem<'_>> = idx
                 .iter()
-                .map(|&i| CheckItem { key: &limits[i].key, algorithm: &algorithms[i].0, cost: algorithms[i].1 })
+                .map(|&i| CheckItem {
+                    key: &limits[i].key,
+                    algorithm: &algorithms[i].0,
+                    cost: algorithms[i].1,
+                })
                 .collect();
             let sent = inner.now_us();
             match self.call_store(&check_items).await {
@@ -286,9 +316,15 @@ impl Limiter {
                     if *is_shadow {
                         continue;
                     }
-                    let closed = idx.iter().any(|&i| limits[i].policy.failure_mode == FailureMode::Closed);
+                    let closed = idx
+                        .iter()
+                        .any(|&i| limits[i].policy.failure_mode == FailureMode::Closed);
                     self.note_failure(&e, closed);
-                    verdict = if closed { Verdict::FailedClosed(e) } else { Verdict::FailedOpen(e) };
+                    verdict = if closed {
+                        Verdict::FailedClosed(e)
+                    } else {
+                        Verdict::FailedOpen(e)
+                    };
                     if closed {
                         enforced_denied = true;
                         break;
@@ -300,7 +336,11 @@ impl Limiter {
         let mut leases = Vec::new();
         for (l, (alg, _)) in limits.iter().zip(&algorithms) {
             if let Some(id) = l.decision.as_ref().and_then(|d| d.lease.clone()) {
-                leases.push(Lease { key: l.key.clone(), algorithm: alg.clone(), id });
+                leases.push(Lease {
+                    key: l.key.clone(),
+                    algorithm: alg.clone(),
+                    id,
+                });
             }
         }
         // All-or-nothing across groups is best effort: if a later enforced group denied, release
@@ -321,15 +361,23 @@ impl Limiter {
             };
             metrics::counter!("sluice_decisions_total", "policy" => l.policy.name.clone(), "outcome" => outcome)
                 .increment(1);
-            if let Some(d) = &l.decision {
-                if d.allowed && d.limit > 0 && d.remaining * 10 < d.limit {
-                    metrics::counter!("sluice_near_limit_total", "policy" => l.policy.name.clone()).increment(1);
-                }
+            if let Some(d) = &l.decision
+                && d.allowed
+                && d.limit > 0
+                && d.remaining * 10 < d.limit
+            {
+                metrics::counter!("sluice_near_limit_total", "policy" => l.policy.name.clone())
+                    .increment(1);
             }
         }
 
         let allowed = !enforced_denied;
-        Checked { allowed, verdict, limits, leases }
+        Checked {
+            allowed,
+            verdict,
+            limits,
+            leases,
+        }
     }
 
     /// The answer without a store call when every item of the check is an enforced policy
@@ -356,9 +404,15 @@ impl Limiter {
             l.decision = Some(d);
             metrics::counter!("sluice_decisions_total", "policy" => l.policy.name.clone(), "outcome" => "denied")
                 .increment(1);
-            metrics::counter!("sluice_deny_cache_hits_total", "policy" => l.policy.name.clone()).increment(1);
+            metrics::counter!("sluice_deny_cache_hits_total", "policy" => l.policy.name.clone())
+                .increment(1);
         }
-        Some(Checked { allowed: false, verdict: Verdict::Decided, limits: std::mem::take(limits), leases: Vec::new() })
+        Some(Checked {
+            allowed: false,
+            verdict: Verdict::Decided,
+            limits: std::mem::take(limits),
+            leases: Vec::new(),
+        })
     }
 
     /// Denials answered by the deny cache without a store call, since the limiter was built.
@@ -369,7 +423,10 @@ impl Limiter {
     /// Releases a concurrency lease. Errors are returned, not retried: an unreleased lease
     /// expires after the policy's lease timeout.
     pub async fn release(&self, lease: &Lease) -> Result<bool, StoreError> {
-        let fut = self.inner.store.release(&lease.key, &lease.algorithm, &lease.id);
+        let fut = self
+            .inner
+            .store
+            .release(&lease.key, &lease.algorithm, &lease.id);
         match tokio::time::timeout(self.inner.timeout, fut).await {
             Ok(r) => r,
             Err(_) => Err(StoreError::Timeout(self.inner.timeout.as_millis() as u64)),
@@ -414,7 +471,10 @@ impl Limiter {
         let now = inner.started.elapsed().as_millis() as u64 + 1;
         let last = inner.last_log_ms.load(Ordering::Relaxed);
         if (last == 0 || now.saturating_sub(last) >= inner.log_interval_ms)
-            && inner.last_log_ms.compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed).is_ok()
+            && inner
+                .last_log_ms
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
         {
             tracing::warn!(error = %e, store = inner.store.kind(), "rate limit store failed; failing {mode}");
         }

@@ -30,9 +30,8 @@ impl std::str::FromStr for StoreUrl {
         }
         let scheme = s.split("://").next().unwrap_or("");
         match scheme {
-            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis-cluster" | "valkey" | "valkeys" => {
-                Ok(StoreUrl::Redis(s.to_string()))
-            }
+            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis-cluster"
+            | "valkey" | "valkeys" => Ok(StoreUrl::Redis(s.to_string())),
             _ => Err(StoreError::Invalid(format!(
                 "unknown store URL {s:?}: expected memory, redis://, rediss:// or redis+cluster://"
             ))),
@@ -75,7 +74,10 @@ pub struct StoreOptions {
 
 impl Default for StoreOptions {
     fn default() -> Self {
-        Self { timeout: Duration::from_millis(50), max_keys: 1_000_000 }
+        Self {
+            timeout: Duration::from_millis(50),
+            max_keys: 1_000_000,
+        }
     }
 }
 
@@ -83,9 +85,16 @@ impl StoreUrl {
     /// Connects to the store.
     pub async fn connect(&self, options: &StoreOptions) -> Result<Arc<dyn Store>, StoreError> {
         match self {
-            StoreUrl::Memory => Ok(Arc::new(sluice_memory::MemoryStore::builder().max_keys(options.max_keys).build())),
+            StoreUrl::Memory => Ok(Arc::new(
+                sluice_memory::MemoryStore::builder()
+                    .max_keys(options.max_keys)
+                    .build(),
+            )),
             StoreUrl::Redis(url) => {
-                let options = sluice_redis::RedisOptions { timeout: options.timeout, ..Default::default() };
+                let options = sluice_redis::RedisOptions {
+                    timeout: options.timeout,
+                    ..Default::default()
+                };
                 Ok(Arc::new(sluice_redis::connect(url, options).await?))
             }
         }
@@ -99,9 +108,15 @@ mod tests {
     #[test]
     fn parses_and_redacts() {
         assert_eq!("memory".parse::<StoreUrl>().unwrap(), StoreUrl::Memory);
-        assert!(matches!("redis://127.0.0.1:6379".parse::<StoreUrl>().unwrap(), StoreUrl::Redis(_)));
+        assert!(matches!(
+            "redis://127.0.0.1:6379".parse::<StoreUrl>().unwrap(),
+            StoreUrl::Redis(_)
+        ));
         assert!("mysql://x".parse::<StoreUrl>().is_err());
-        assert_eq!(redact("redis://user:secret@h:1/0"), "redis://user:***@h:1/0");
+        assert_eq!(
+            redact("redis://user:secret@h:1/0"),
+            "redis://user:***@h:1/0"
+        );
         assert_eq!(redact("redis://h:1"), "redis://h:1");
     }
 }

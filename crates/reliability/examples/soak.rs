@@ -21,7 +21,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use sluice::{Algorithm, FailureMode, Identity, Limiter, Policy, Rate, Store, StoreOptions, Verdict};
+use sluice::{
+    Algorithm, FailureMode, Identity, Limiter, Policy, Rate, Store, StoreOptions, Verdict,
+};
 use sluice_memory::MemoryStore;
 
 struct Args {
@@ -34,7 +36,14 @@ struct Args {
 }
 
 fn args() -> Args {
-    let mut a = Args { store: "memory".into(), seconds: 600, identities: 1_000_000, tasks: 32, every: 30, max_keys: 1_000_000 };
+    let mut a = Args {
+        store: "memory".into(),
+        seconds: 600,
+        identities: 1_000_000,
+        tasks: 32,
+        every: 30,
+        max_keys: 1_000_000,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut val = || it.next().unwrap_or_else(|| panic!("{flag} needs a value"));
@@ -67,11 +76,18 @@ fn rss_mb() -> f64 {
 }
 
 fn open_fds() -> usize {
-    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir("/proc/self/fd")
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 fn redis_port(url: &str) -> Option<u16> {
-    url.strip_prefix("redis://")?.rsplit(':').next()?.trim_end_matches('/').parse().ok()
+    url.strip_prefix("redis://")?
+        .rsplit(':')
+        .next()?
+        .trim_end_matches('/')
+        .parse()
+        .ok()
 }
 
 fn redis_info(port: u16) -> (u64, u64, u64) {
@@ -86,7 +102,10 @@ fn redis_info(port: u16) -> (u64, u64, u64) {
     let keys = cli(&["DBSIZE"]).trim().parse().unwrap_or(0);
     let info = cli(&["INFO"]);
     let field = |name: &str| {
-        info.lines().find_map(|l| l.strip_prefix(&format!("{name}:"))).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
     };
     (keys, field("used_memory"), field("connected_clients"))
 }
@@ -111,12 +130,21 @@ struct Sample {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let a = args();
-    let memory = (a.store == "memory").then(|| Arc::new(MemoryStore::builder().max_keys(a.max_keys).build()));
+    let memory = (a.store == "memory")
+        .then(|| Arc::new(MemoryStore::builder().max_keys(a.max_keys).build()));
     let limiter = match &memory {
-        Some(m) => Limiter::builder(Arc::clone(m) as Arc<dyn Store>).timeout(Duration::from_millis(200)).build(),
-        None => Limiter::connect(&a.store, StoreOptions { timeout: Duration::from_millis(200), ..Default::default() })
-            .await
-            .expect("connect to the store"),
+        Some(m) => Limiter::builder(Arc::clone(m) as Arc<dyn Store>)
+            .timeout(Duration::from_millis(200))
+            .build(),
+        None => Limiter::connect(
+            &a.store,
+            StoreOptions {
+                timeout: Duration::from_millis(200),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("connect to the store"),
     };
     let port = redis_port(&a.store);
     let run_id = format!("{:08x}", rand::random::<u32>());
@@ -129,22 +157,69 @@ async fn main() {
     );
 
     let mixed = Arc::new([
-        policy("soak-tb", Algorithm::TokenBucket { capacity: 5, rate: Rate::per_second(1) }),
-        policy("soak-gcra", Algorithm::Gcra { rate: Rate::per_second(2), burst: 3 }),
-        policy("soak-fw", Algorithm::FixedWindow { limit: 5, window_ms: 10_000 }),
-        policy("soak-swc", Algorithm::SlidingWindowCounter { limit: 5, window_ms: 10_000 }),
-        policy("soak-swl", Algorithm::SlidingWindowLog { limit: 3, window_ms: 5_000 }),
+        policy(
+            "soak-tb",
+            Algorithm::TokenBucket {
+                capacity: 5,
+                rate: Rate::per_second(1),
+            },
+        ),
+        policy(
+            "soak-gcra",
+            Algorithm::Gcra {
+                rate: Rate::per_second(2),
+                burst: 3,
+            },
+        ),
+        policy(
+            "soak-fw",
+            Algorithm::FixedWindow {
+                limit: 5,
+                window_ms: 10_000,
+            },
+        ),
+        policy(
+            "soak-swc",
+            Algorithm::SlidingWindowCounter {
+                limit: 5,
+                window_ms: 10_000,
+            },
+        ),
+        policy(
+            "soak-swl",
+            Algorithm::SlidingWindowLog {
+                limit: 3,
+                window_ms: 5_000,
+            },
+        ),
     ]);
     let tracked_limit = 500;
-    let tracked_policy = policy("soak-tracked", Algorithm::TokenBucket { capacity: tracked_limit, rate: Rate::new(1, 86_400_000) });
-    let conc_policy = policy("soak-conc", Algorithm::Concurrency { limit: 4, lease_ms: 60_000 });
+    let tracked_policy = policy(
+        "soak-tracked",
+        Algorithm::TokenBucket {
+            capacity: tracked_limit,
+            rate: Rate::new(1, 86_400_000),
+        },
+    );
+    let conc_policy = policy(
+        "soak-conc",
+        Algorithm::Concurrency {
+            limit: 4,
+            lease_ms: 60_000,
+        },
+    );
 
     let stop = Arc::new(AtomicBool::new(false));
     let counters = Arc::new(Counters::default());
     let deadline = Instant::now() + Duration::from_secs(a.seconds);
     let mut workers = Vec::new();
     for w in 0..a.tasks {
-        let (limiter, mixed, stop, counters) = (limiter.clone(), Arc::clone(&mixed), Arc::clone(&stop), Arc::clone(&counters));
+        let (limiter, mixed, stop, counters) = (
+            limiter.clone(),
+            Arc::clone(&mixed),
+            Arc::clone(&stop),
+            Arc::clone(&counters),
+        );
         let n = a.identities;
         workers.push(tokio::spawn(async move {
             let mut i: u64 = 0;
@@ -162,7 +237,7 @@ async fn main() {
                     counters.failed.fetch_add(1, Ordering::Relaxed);
                 }
                 i += 1;
-                if i % 64 == 0 {
+                if i.is_multiple_of(64) {
                     tokio::task::yield_now().await;
                 }
             }
@@ -172,7 +247,11 @@ async fn main() {
     // Tracked identities: attempts and admissions per identity.
     let mut tracked = Vec::new();
     for t in 0..64 {
-        let (limiter, p, stop) = (limiter.clone(), Arc::clone(&tracked_policy), Arc::clone(&stop));
+        let (limiter, p, stop) = (
+            limiter.clone(),
+            Arc::clone(&tracked_policy),
+            Arc::clone(&stop),
+        );
         let id = Identity::new(format!("soak-tracked:{run_id}:{t}"));
         tracked.push(tokio::spawn(async move {
             let (mut attempts, mut admitted, mut failed) = (0u64, 0u64, 0u64);
@@ -217,7 +296,16 @@ async fn main() {
             (None, Some(p)) => redis_info(p),
             _ => (0, 0, 0),
         };
-        Sample { rss: rss_mb(), keys, redis_mem, clients, fds: open_fds(), tasks: tokio::runtime::Handle::current().metrics().num_alive_tasks() }
+        Sample {
+            rss: rss_mb(),
+            keys,
+            redis_mem,
+            clients,
+            fds: open_fds(),
+            tasks: tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks(),
+        }
     };
     let start = Instant::now();
     let mut samples: Vec<(u64, Sample)> = Vec::new();
@@ -262,7 +350,9 @@ async fn main() {
             ok = false;
         }
     }
-    println!("arithmetic: 64 tracked identities, {attempts} attempts, {admitted} admitted, expected min(attempts, {tracked_limit}) each = {expected}, {failed} store failures");
+    println!(
+        "arithmetic: 64 tracked identities, {attempts} attempts, {admitted} admitted, expected min(attempts, {tracked_limit}) each = {expected}, {failed} store failures"
+    );
     if admitted != expected {
         ok = false;
     }
@@ -275,7 +365,13 @@ async fn main() {
     // Every lease was released: all 4 slots are free.
     let mut held = Vec::new();
     for _ in 0..4 {
-        let c = limiter.check(&Identity::new(format!("soak-conc:{run_id}")), &conc_policy, 1).await;
+        let c = limiter
+            .check(
+                &Identity::new(format!("soak-conc:{run_id}")),
+                &conc_policy,
+                1,
+            )
+            .await;
         if !c.allowed {
             ok = false;
         }
@@ -295,7 +391,16 @@ async fn main() {
         let (t2, a2) = *samples.last().expect("samples");
         println!(
             "growth from t={t1}s to t={t2}s: rss {:.1} -> {:.1} MB, keys {} -> {}, redis clients {} -> {}, fds {} -> {}, tasks {} -> {}",
-            a1.rss, a2.rss, a1.keys, a2.keys, a1.clients, a2.clients, a1.fds, a2.fds, a1.tasks, a2.tasks
+            a1.rss,
+            a2.rss,
+            a1.keys,
+            a2.keys,
+            a1.clients,
+            a2.clients,
+            a1.fds,
+            a2.fds,
+            a1.tasks,
+            a2.tasks
         );
         if a2.clients > a1.clients + 2 || a2.fds > a1.fds + 8 || a2.tasks > a1.tasks + 8 {
             println!("GROWTH: connections, descriptors or tasks grew");

@@ -67,13 +67,19 @@ impl<'a> Bytes<'a> {
 
 /// The configuration parser.
 pub fn config(data: &[u8]) {
-    let Ok(src) = std::str::from_utf8(data) else { return };
+    let Ok(src) = std::str::from_utf8(data) else {
+        return;
+    };
     if let Err(errors) = sluice_server::Config::parse(src, "fuzz.toml", None) {
         assert!(!errors.0.is_empty());
         for e in &errors.0 {
             let text = e.to_string();
             assert!(text.starts_with("fuzz.toml:"), "{text}");
-            assert!(e.line.is_some_and(|l| l >= 1 && l <= src.lines().count().max(1) + 1), "{text}");
+            assert!(
+                e.line
+                    .is_some_and(|l| l >= 1 && l <= src.lines().count().max(1) + 1),
+                "{text}"
+            );
         }
     }
 }
@@ -81,24 +87,56 @@ pub fn config(data: &[u8]) {
 /// An algorithm with small, valid parameters from fuzz bytes (`None` when invalid).
 pub fn algorithm(b: &mut Bytes<'_>) -> Option<Algorithm> {
     let small = |b: &mut Bytes<'_>| u64::from(b.u16() % 2000) + 1;
-    let rate = |b: &mut Bytes<'_>| Rate::new(u64::from(b.u8() % 50) + 1, [1, 10, 250, 1000, 60_000][usize::from(b.u8() % 5)]);
+    let rate = |b: &mut Bytes<'_>| {
+        Rate::new(
+            u64::from(b.u8() % 50) + 1,
+            [1, 10, 250, 1000, 60_000][usize::from(b.u8() % 5)],
+        )
+    };
     let window = |b: &mut Bytes<'_>| [1u64, 7, 100, 1000, 60_000][usize::from(b.u8() % 5)];
     let a = match b.u8() % 8 {
-        0 => Algorithm::TokenBucket { capacity: small(b), rate: rate(b) },
-        1 => Algorithm::Gcra { rate: rate(b), burst: small(b) - 1 },
-        2 => Algorithm::LeakyBucket { capacity: small(b), rate: rate(b), mode: LeakyMode::Policing },
-        3 => Algorithm::LeakyBucket { capacity: small(b), rate: rate(b), mode: LeakyMode::Shaping },
-        4 => Algorithm::FixedWindow { limit: small(b), window_ms: window(b) },
-        5 => Algorithm::SlidingWindowCounter { limit: small(b), window_ms: window(b) },
-        6 => Algorithm::SlidingWindowLog { limit: small(b) % 64 + 1, window_ms: window(b) },
-        _ => Algorithm::Concurrency { limit: small(b) % 16 + 1, lease_ms: window(b) },
+        0 => Algorithm::TokenBucket {
+            capacity: small(b),
+            rate: rate(b),
+        },
+        1 => Algorithm::Gcra {
+            rate: rate(b),
+            burst: small(b) - 1,
+        },
+        2 => Algorithm::LeakyBucket {
+            capacity: small(b),
+            rate: rate(b),
+            mode: LeakyMode::Policing,
+        },
+        3 => Algorithm::LeakyBucket {
+            capacity: small(b),
+            rate: rate(b),
+            mode: LeakyMode::Shaping,
+        },
+        4 => Algorithm::FixedWindow {
+            limit: small(b),
+            window_ms: window(b),
+        },
+        5 => Algorithm::SlidingWindowCounter {
+            limit: small(b),
+            window_ms: window(b),
+        },
+        6 => Algorithm::SlidingWindowLog {
+            limit: small(b) % 64 + 1,
+            window_ms: window(b),
+        },
+        _ => Algorithm::Concurrency {
+            limit: small(b) % 16 + 1,
+            lease_ms: window(b),
+        },
     };
     a.validate().ok().map(|()| a)
 }
 
 /// `ceil(amount * elapsed_us / (per_ms * 1000))`: what a rate can refill in `elapsed_us`.
 fn refill(rate: Rate, elapsed_us: u64) -> u64 {
-    (u128::from(rate.amount) * u128::from(elapsed_us)).div_ceil(u128::from(rate.per_ms) * 1000) as u64
+    (u128::from(rate.amount) * u128::from(elapsed_us)).div_ceil(u128::from(rate.per_ms) * 1000)
+        as u64
 }
 
 /// The most cost `algorithm` may admit between `t0` and `t1` (µs, inclusive), or `None` when
@@ -132,9 +170,12 @@ pub fn algorithms(data: &[u8]) {
         now += u64::from(b.u8()) * unit;
         let op = b.u8();
         let snapshot = state.clone();
-        let current = snapshot.as_ref().filter(|(_, exp)| *exp > now).map(|(s, _)| s);
+        let current = snapshot
+            .as_ref()
+            .filter(|(_, exp)| *exp > now)
+            .map(|(s, _)| s);
         if let Algorithm::Concurrency { .. } = alg
-            && op % 4 == 0
+            && op.is_multiple_of(4)
             && !leases.is_empty()
         {
             let (_, id) = leases.remove(usize::from(op) % leases.len());
@@ -153,12 +194,22 @@ pub fn algorithms(data: &[u8]) {
         generic_invariants(&alg, d, cost);
         // Waiting retry_after_ms is never early.
         if d.reason == Some(DenyReason::Limited)
-            && !matches!(alg, Algorithm::SlidingWindowCounter { .. } | Algorithm::Concurrency { .. })
+            && !matches!(
+                alg,
+                Algorithm::SlidingWindowCounter { .. } | Algorithm::Concurrency { .. }
+            )
         {
             let later = now + d.retry_after_ms * 1000;
-            let st = state.as_ref().filter(|(_, exp)| *exp > later).map(|(s, _)| s);
+            let st = state
+                .as_ref()
+                .filter(|(_, exp)| *exp > later)
+                .map(|(s, _)| s);
             let retry = algorithm::decide(&alg, st, later, cost, None);
-            assert!(retry.decision.allowed, "{alg:?}: denied again after waiting {} ms: {:?}", d.retry_after_ms, retry.decision);
+            assert!(
+                retry.decision.allowed,
+                "{alg:?}: denied again after waiting {} ms: {:?}",
+                d.retry_after_ms, retry.decision
+            );
         }
         let allowed = d.allowed;
         apply(&mut state, out.update, current.is_none());
@@ -174,7 +225,10 @@ pub fn algorithms(data: &[u8]) {
 
 fn apply(state: &mut Option<(State, u64)>, update: Update<State>, absent: bool) {
     match update {
-        Update::Put { state: s, expires_at } => *state = Some((s, expires_at)),
+        Update::Put {
+            state: s,
+            expires_at,
+        } => *state = Some((s, expires_at)),
         Update::Delete => *state = None,
         Update::Keep if absent => *state = None,
         Update::Keep => {}
@@ -195,10 +249,22 @@ fn generic_invariants(alg: &Algorithm, d: &Decision, cost: u64) {
         }
     }
     if cost > alg.quota() {
-        assert!(!d.allowed, "{alg:?}: cost {cost} above the quota admitted: {d:?}");
+        assert!(
+            !d.allowed,
+            "{alg:?}: cost {cost} above the quota admitted: {d:?}"
+        );
     }
     if d.delay_ms > 0 {
-        assert!(matches!(alg, Algorithm::LeakyBucket { mode: LeakyMode::Shaping, .. }), "{alg:?}: {d:?}");
+        assert!(
+            matches!(
+                alg,
+                Algorithm::LeakyBucket {
+                    mode: LeakyMode::Shaping,
+                    ..
+                }
+            ),
+            "{alg:?}: {d:?}"
+        );
     }
 }
 
@@ -206,29 +272,53 @@ fn check_bounds(alg: &Algorithm, admitted: &[(u64, u64)], leases: &[(u64, LeaseI
     match *alg {
         Algorithm::FixedWindow { limit, window_ms } => {
             let w = window_ms * 1000;
-            let in_window: u64 = admitted.iter().filter(|(t, _)| t / w == now / w).map(|(_, c)| c).sum();
+            let in_window: u64 = admitted
+                .iter()
+                .filter(|(t, _)| t / w == now / w)
+                .map(|(_, c)| c)
+                .sum();
             assert!(in_window <= limit, "{alg:?}: {in_window} in one window");
         }
         // The logs and leases keep whole milliseconds (docs/algorithms.md): a window is
         // (now_ms - W, now_ms].
         Algorithm::SlidingWindowLog { limit, window_ms } => {
-            let in_window: u64 = admitted.iter().filter(|(t, _)| t / 1000 + window_ms > now / 1000).map(|(_, c)| c).sum();
-            assert!(in_window <= limit, "{alg:?}: {in_window} in a sliding window");
+            let in_window: u64 = admitted
+                .iter()
+                .filter(|(t, _)| t / 1000 + window_ms > now / 1000)
+                .map(|(_, c)| c)
+                .sum();
+            assert!(
+                in_window <= limit,
+                "{alg:?}: {in_window} in a sliding window"
+            );
         }
         Algorithm::Concurrency { limit, lease_ms } => {
-            let live = leases.iter().filter(|(t, _)| t / 1000 + lease_ms > now / 1000).count() as u64;
+            let live = leases
+                .iter()
+                .filter(|(t, _)| t / 1000 + lease_ms > now / 1000)
+                .count() as u64;
             assert!(live <= limit, "{alg:?}: {live} leases held");
         }
         Algorithm::SlidingWindowCounter { limit, window_ms } => {
             // At most twice the limit in any window (the counter's documented worst case).
-            let in_window: u64 = admitted.iter().filter(|(t, _)| t / 1000 + window_ms > now / 1000).map(|(_, c)| c).sum();
-            assert!(in_window <= 2 * limit, "{alg:?}: {in_window} in a sliding window");
+            let in_window: u64 = admitted
+                .iter()
+                .filter(|(t, _)| t / 1000 + window_ms > now / 1000)
+                .map(|(_, c)| c)
+                .sum();
+            assert!(
+                in_window <= 2 * limit,
+                "{alg:?}: {in_window} in a sliding window"
+            );
         }
         _ => {
             for (i, &(t0, _)) in admitted.iter().enumerate() {
                 let sum: u64 = admitted[i..].iter().map(|(_, c)| c).sum();
                 let max = bound(alg, t0, now).expect("bucket bound");
-                assert!(sum <= max, "{alg:?}: {sum} admitted since {t0}, bound {max}");
+                assert!(
+                    sum <= max,
+                    "{alg:?}: {sum} admitted since {t0}, bound {max}"
+                );
             }
         }
     }
@@ -241,7 +331,9 @@ pub fn headers(data: &[u8]) {
     let mut policies = Vec::new();
     let mut decisions = Vec::new();
     for i in 0..(b.u8() % 5) {
-        let Some(alg) = algorithm(&mut b) else { continue };
+        let Some(alg) = algorithm(&mut b) else {
+            continue;
+        };
         let name_len = usize::from(b.u8() % 64) + 1;
         let name: String = (0..name_len)
             .map(|_| {
@@ -249,13 +341,24 @@ pub fn headers(data: &[u8]) {
                 alphabet[usize::from(b.u8()) % alphabet.len()] as char
             })
             .collect();
-        let Ok(mut p) = Policy::new(format!("{name}{i}").chars().take(64).collect::<String>(), alg) else { continue };
-        p.shadow = b.u8() % 4 == 0;
-        let allowed = b.u8() % 2 == 0;
+        let Ok(mut p) = Policy::new(
+            format!("{name}{i}").chars().take(64).collect::<String>(),
+            alg,
+        ) else {
+            continue;
+        };
+        p.shadow = b.u8().is_multiple_of(4);
+        let allowed = b.u8().is_multiple_of(2);
         let reason = if allowed {
             None
         } else {
-            Some([DenyReason::Limited, DenyReason::CostExceedsLimit, DenyReason::OtherLimitDenied][usize::from(b.u8() % 3)])
+            Some(
+                [
+                    DenyReason::Limited,
+                    DenyReason::CostExceedsLimit,
+                    DenyReason::OtherLimitDenied,
+                ][usize::from(b.u8() % 3)],
+            )
         };
         let d = Decision {
             allowed,
@@ -270,12 +373,20 @@ pub fn headers(data: &[u8]) {
         policies.push(p);
         decisions.push(d);
     }
-    let legacy = b.u8() % 2 == 0;
+    let legacy = b.u8().is_multiple_of(2);
     let pairs: Vec<(&Policy, &Decision)> = policies.iter().zip(&decisions).collect();
-    let out = rate_limit_headers_for(&pairs, &HeaderOptions { ratelimit: true, legacy });
+    let out = rate_limit_headers_for(
+        &pairs,
+        &HeaderOptions {
+            ratelimit: true,
+            legacy,
+        },
+    );
     let visible: Vec<&(&Policy, &Decision)> = pairs.iter().filter(|(p, _)| !p.shadow).collect();
     for (n, v) in &out {
-        let text = v.to_str().unwrap_or_else(|_| panic!("{n}: not visible ASCII: {v:?}"));
+        let text = v
+            .to_str()
+            .unwrap_or_else(|_| panic!("{n}: not visible ASCII: {v:?}"));
         match n.as_str() {
             "ratelimit-policy" => {
                 for (p, _) in &visible {
@@ -302,9 +413,19 @@ pub fn headers(data: &[u8]) {
     }
     let denies = |d: &Decision| !d.allowed && d.reason != Some(DenyReason::OtherLimitDenied);
     let any_retryable = visible.iter().any(|(_, d)| denies(d))
-        && !visible.iter().filter(|(_, d)| denies(d)).all(|(_, d)| d.reason == Some(DenyReason::CostExceedsLimit));
-    assert_eq!(out.iter().any(|(n, _)| n == "retry-after"), any_retryable, "{out:?}");
-    assert_eq!(out.iter().any(|(n, _)| n == "ratelimit"), !visible.is_empty());
+        && !visible
+            .iter()
+            .filter(|(_, d)| denies(d))
+            .all(|(_, d)| d.reason == Some(DenyReason::CostExceedsLimit));
+    assert_eq!(
+        out.iter().any(|(n, _)| n == "retry-after"),
+        any_retryable,
+        "{out:?}"
+    );
+    assert_eq!(
+        out.iter().any(|(n, _)| n == "ratelimit"),
+        !visible.is_empty()
+    );
 }
 
 /// Forwarding-header parsing and client IP selection.
@@ -313,7 +434,12 @@ pub fn forwarded(data: &[u8]) {
     use sluice_http::identity::forwarded_chain;
     use sluice_http::{ClientIpConfig, TrustedProxies};
     let mut b = Bytes::new(data);
-    let peers: [IpAddr; 4] = [[127, 0, 0, 1].into(), [10, 0, 0, 7].into(), [203, 0, 113, 9].into(), "2001:db8::1".parse().expect("ip")];
+    let peers: [IpAddr; 4] = [
+        [127, 0, 0, 1].into(),
+        [10, 0, 0, 7].into(),
+        [203, 0, 113, 9].into(),
+        "2001:db8::1".parse().expect("ip"),
+    ];
     let peer = peers[usize::from(b.u8() % 4)];
     let trusted = match b.u8() % 4 {
         0 => TrustedProxies::None,
@@ -329,9 +455,15 @@ pub fn forwarded(data: &[u8]) {
         }
     }
     let chain = forwarded_chain(&headers);
-    let config = ClientIpConfig { trusted: trusted.clone(), ..ClientIpConfig::default() };
+    let config = ClientIpConfig {
+        trusted: trusted.clone(),
+        ..ClientIpConfig::default()
+    };
     let client = config.client_ip(peer, &headers);
-    assert!(client == peer.to_canonical() || chain.contains(&Some(client)), "{client} from {chain:?} (peer {peer})");
+    assert!(
+        client == peer.to_canonical() || chain.contains(&Some(client)),
+        "{client} from {chain:?} (peer {peer})"
+    );
     if trusted == TrustedProxies::None {
         assert_eq!(client, peer.to_canonical());
     }
@@ -367,15 +499,29 @@ fn api() -> &'static Api {
 pub fn api_json(data: &[u8]) {
     use tower::ServiceExt;
     let api = api();
-    let path = if data.first().is_some_and(|b| b % 4 == 0) { "/v1/release" } else { "/v1/check" };
+    let path = if data.first().is_some_and(|b| b % 4 == 0) {
+        "/v1/release"
+    } else {
+        "/v1/check"
+    };
     let req = http::Request::post(path)
         .header("content-type", "application/json")
         .body(axum::body::Body::from(data.to_vec()))
         .expect("request");
-    let res = api.runtime.block_on(api.router.clone().oneshot(req)).expect("infallible");
+    let res = api
+        .runtime
+        .block_on(api.router.clone().oneshot(req))
+        .expect("infallible");
     let status = res.status().as_u16();
-    assert!(status == 200 || (400..500).contains(&status), "status {status} for {:?}", String::from_utf8_lossy(data));
-    let body = api.runtime.block_on(axum::body::to_bytes(res.into_body(), 1 << 20)).expect("body");
+    assert!(
+        status == 200 || (400..500).contains(&status),
+        "status {status} for {:?}",
+        String::from_utf8_lossy(data)
+    );
+    let body = api
+        .runtime
+        .block_on(axum::body::to_bytes(res.into_body(), 1 << 20))
+        .expect("body");
     let v: serde_json::Value = serde_json::from_slice(&body).expect("the answer is JSON");
     if status == 200 && path == "/v1/check" {
         assert!(v["allowed"].is_boolean());
@@ -389,5 +535,10 @@ pub fn api_json(data: &[u8]) {
 pub type Target = fn(&[u8]);
 
 /// Every target by name, for the regression runner.
-pub const TARGETS: [(&str, Target); 5] =
-    [("config", config), ("headers", headers), ("forwarded", forwarded), ("api_json", api_json), ("algorithms", algorithms)];
+pub const TARGETS: [(&str, Target); 5] = [
+    ("config", config),
+    ("headers", headers),
+    ("forwarded", forwarded),
+    ("api_json", api_json),
+    ("algorithms", algorithms),
+];

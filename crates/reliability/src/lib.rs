@@ -70,7 +70,8 @@ pub mod serve {
         }
         let file = dir.join("sluice.toml");
         std::fs::write(&file, toml).expect("write config");
-        let mut config = Config::load(&file).unwrap_or_else(|e| panic!("test config invalid:\n{e}"));
+        let mut config =
+            Config::load(&file).unwrap_or_else(|e| panic!("test config invalid:\n{e}"));
         let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
         config.server.http = any;
         config.server.grpc = any;
@@ -81,7 +82,13 @@ pub mod serve {
         let task = tokio::spawn(sluice_server::run(config, listeners, async move {
             let _ = rx.await;
         }));
-        TestServer { addrs, dir, file, stop: Some(tx), task: Some(task) }
+        TestServer {
+            addrs,
+            dir,
+            file,
+            stop: Some(tx),
+            task: Some(task),
+        }
     }
 
     impl TestServer {
@@ -91,7 +98,11 @@ pub mod serve {
         }
         /// `http://<proxy listener><path>`.
         pub fn proxy_url(&self, path: &str) -> String {
-            format!("http://{}{}", self.addrs.proxy.expect("proxy listener"), path)
+            format!(
+                "http://{}{}",
+                self.addrs.proxy.expect("proxy listener"),
+                path
+            )
         }
         /// `http://<gRPC listener>`.
         pub fn grpc_url(&self) -> String {
@@ -108,7 +119,9 @@ pub mod serve {
             }
             if let Some(task) = self.task.take() {
                 let r = tokio::time::timeout(std::time::Duration::from_secs(15), task).await;
-                r.expect("server stops within 15 s").expect("server task did not panic").expect("server ran cleanly");
+                r.expect("server stops within 15 s")
+                    .expect("server task did not panic")
+                    .expect("server ran cleanly");
             }
             let _ = std::fs::remove_dir_all(&self.dir);
         }
@@ -124,7 +137,10 @@ pub mod serve {
 
     /// An HTTP client that never goes through a proxy from the environment.
     pub fn client() -> reqwest::Client {
-        reqwest::Client::builder().no_proxy().build().expect("reqwest client")
+        reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .expect("reqwest client")
     }
 }
 
@@ -135,7 +151,12 @@ pub mod prom {
     /// summed over the samples that match (0 when none does).
     pub fn sum(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
         samples(text)
-            .filter(|s| s.name == name && labels.iter().all(|(k, v)| s.labels.iter().any(|(a, b)| a == k && b == v)))
+            .filter(|s| {
+                s.name == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| s.labels.iter().any(|(a, b)| a == k && b == v))
+            })
             .map(|s| s.value)
             .sum()
     }
@@ -153,7 +174,9 @@ pub mod prom {
 
     /// Every sample of `text` (comments skipped).
     pub fn samples(text: &str) -> impl Iterator<Item = Sample> + '_ {
-        text.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()).filter_map(parse_line)
+        text.lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .filter_map(parse_line)
     }
 
     fn parse_line(line: &str) -> Option<Sample> {
@@ -166,7 +189,11 @@ pub mod prom {
                 (head[..i].to_string(), parse_labels(body))
             }
         };
-        Some(Sample { name, labels, value })
+        Some(Sample {
+            name,
+            labels,
+            value,
+        })
     }
 
     fn parse_labels(body: &str) -> Vec<(String, String)> {
@@ -178,7 +205,13 @@ pub mod prom {
             while i < b.len() && b[i] != '=' {
                 i += 1;
             }
-            let key: String = b[start..i].iter().collect::<String>().trim().trim_start_matches(',').trim().to_string();
+            let key: String = b[start..i]
+                .iter()
+                .collect::<String>()
+                .trim()
+                .trim_start_matches(',')
+                .trim()
+                .to_string();
             i += 2; // `="`
             let mut val = String::new();
             while i < b.len() && b[i] != '"' {
@@ -205,7 +238,10 @@ pub mod prom {
         fn reads_labelled_samples() {
             let t = "# HELP x y\nsluice_store_failures_total{mode=\"open\"} 3\nsluice_store_failures_total{mode=\"closed\"} 2\nup 1\n";
             assert_eq!(super::sum(t, "sluice_store_failures_total", &[]), 5.0);
-            assert_eq!(super::sum(t, "sluice_store_failures_total", &[("mode", "open")]), 3.0);
+            assert_eq!(
+                super::sum(t, "sluice_store_failures_total", &[("mode", "open")]),
+                3.0
+            );
             assert_eq!(super::sum(t, "up", &[]), 1.0);
         }
     }
@@ -239,7 +275,9 @@ pub mod logs {
             let b = Buffer::default();
             let writer = b.clone();
             // TRACE for sluice crates so nothing logged at any level escapes the scan.
-            let filter = tracing_subscriber::EnvFilter::new("trace,h2=info,hyper=info,tower=info,tonic=info,reqwest=info");
+            let filter = tracing_subscriber::EnvFilter::new(
+                "trace,h2=info,hyper=info,tower=info,tonic=info,reqwest=info",
+            );
             let sub = tracing_subscriber::fmt()
                 .with_env_filter(filter)
                 .with_ansi(false)
@@ -346,7 +384,10 @@ pub fn record(line: &str) {
     eprintln!("[reliability] {line}");
     if let Ok(path) = std::env::var("SLUICE_RELIABILITY_RESULTS")
         && !path.is_empty()
-        && let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path)
+        && let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
     {
         use std::io::Write as _;
         let _ = writeln!(f, "{line}");

@@ -30,11 +30,17 @@ fn policy(name: &str, mode: FailureMode, algorithm: Algorithm) -> Arc<Policy> {
 
 /// Large enough never to deny during a load phase, so every outcome is about the store.
 fn roomy() -> Algorithm {
-    Algorithm::TokenBucket { capacity: 1_000_000, rate: Rate::per_second(1000) }
+    Algorithm::TokenBucket {
+        capacity: 1_000_000,
+        rate: Rate::per_second(1000),
+    }
 }
 
 async fn limiter(url: &str) -> Limiter {
-    let options = sluice::StoreOptions { timeout: TIMEOUT, ..Default::default() };
+    let options = sluice::StoreOptions {
+        timeout: TIMEOUT,
+        ..Default::default()
+    };
     Limiter::connect(url, options).await.expect("connect")
 }
 
@@ -76,7 +82,10 @@ async fn time_to_recover(l: &Limiter, policy: &Arc<Policy>) -> Duration {
         if c.verdict == Verdict::Decided {
             return start.elapsed();
         }
-        assert!(start.elapsed() < Duration::from_secs(10), "no recovery within 10 s");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no recovery within 10 s"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     start.elapsed()
@@ -84,19 +93,34 @@ async fn time_to_recover(l: &Limiter, policy: &Arc<Policy>) -> Duration {
 
 /// After recovery the limit is enforced: a fresh identity gets exactly `limit` admissions.
 async fn assert_enforced(l: &Limiter, tag: &str) {
-    let p = policy(&format!("enf-{tag}"), FailureMode::Closed, Algorithm::FixedWindow { limit: 3, window_ms: 3_600_000 });
+    let p = policy(
+        &format!("enf-{tag}"),
+        FailureMode::Closed,
+        Algorithm::FixedWindow {
+            limit: 3,
+            window_ms: 3_600_000,
+        },
+    );
     let id = Identity::new(format!("enforced:{tag}:{}", rand::random::<u64>()));
     let mut admitted = 0;
     for _ in 0..5 {
         let c = l.check(&id, &p, 1).await;
-        assert_eq!(c.verdict, Verdict::Decided, "{tag}: store answers after recovery");
+        assert_eq!(
+            c.verdict,
+            Verdict::Decided,
+            "{tag}: store answers after recovery"
+        );
         admitted += u64::from(c.allowed);
     }
     assert_eq!(admitted, 3, "{tag}: the limit holds after recovery");
 }
 
 fn assert_bounded(t: &Tally, what: &str) {
-    assert!(t.worst <= TIMEOUT + MARGIN, "{what}: a call took {:?} (timeout {TIMEOUT:?})", t.worst);
+    assert!(
+        t.worst <= TIMEOUT + MARGIN,
+        "{what}: a call took {:?} (timeout {TIMEOUT:?})",
+        t.worst
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -112,8 +136,10 @@ async fn redis_killed_mid_load_then_restarted() {
     // Kill in the middle of a load phase.
     let (lo, lc) = (l.clone(), l.clone());
     let (o, c) = (Arc::clone(&open), Arc::clone(&closed));
-    let during_open = tokio::spawn(async move { load(&lo, &o, 2, Duration::from_millis(1500)).await });
-    let during_closed = tokio::spawn(async move { load(&lc, &c, 2, Duration::from_millis(1500)).await });
+    let during_open =
+        tokio::spawn(async move { load(&lo, &o, 2, Duration::from_millis(1500)).await });
+    let during_closed =
+        tokio::spawn(async move { load(&lc, &c, 2, Duration::from_millis(1500)).await });
     tokio::time::sleep(Duration::from_millis(200)).await;
     server.stop();
     let (during_open, during_closed) = (during_open.await.unwrap(), during_closed.await.unwrap());
@@ -121,9 +147,14 @@ async fn redis_killed_mid_load_then_restarted() {
     record(&during_closed.line("kill (fail closed)"));
     assert_bounded(&during_open, "kill, open");
     assert_bounded(&during_closed, "kill, closed");
-    assert!(during_open.failed_open > 0 && during_open.denied == 0 && during_open.failed_closed == 0);
+    assert!(
+        during_open.failed_open > 0 && during_open.denied == 0 && during_open.failed_closed == 0
+    );
     assert!(during_closed.failed_closed > 0 && during_closed.failed_open == 0);
-    assert!(l.store_circuit_open(), "the breaker opened while the store was down");
+    assert!(
+        l.store_circuit_open(),
+        "the breaker opened while the store was down"
+    );
 
     // Stay down long enough for the breaker's back-off to grow to its maximum.
     let down = load(&l, &closed, 2, Duration::from_secs(6)).await;
@@ -133,7 +164,10 @@ async fn redis_killed_mid_load_then_restarted() {
 
     server.restart();
     let took = time_to_recover(&l, &open).await;
-    record(&format!("kill: enforcement resumed {:.0} ms after the restarted server answered PING", took.as_secs_f64() * 1000.0));
+    record(&format!(
+        "kill: enforcement resumed {:.0} ms after the restarted server answered PING",
+        took.as_secs_f64() * 1000.0
+    ));
     assert!(took < RECOVERY, "recovery took {took:?}");
     assert_enforced(&l, "kill").await;
 }
@@ -147,7 +181,11 @@ async fn redis_paused_then_unpaused() {
     // Concurrency leases taken while the server is paused: calls that time out may still run
     // once it resumes, taking a lease nobody holds. Each must expire after its lease time.
     let lease_ms = 1500;
-    let conc = policy("pause-conc", FailureMode::Closed, Algorithm::Concurrency { limit: 4, lease_ms });
+    let conc = policy(
+        "pause-conc",
+        FailureMode::Closed,
+        Algorithm::Concurrency { limit: 4, lease_ms },
+    );
 
     let pause_ms = 1200;
     let paused_at = Instant::now();
@@ -161,7 +199,10 @@ async fn redis_paused_then_unpaused() {
     let mut phantom_attempts = 0;
     for _ in 0..6 {
         let c = l.check(&Identity::new("conc"), &conc, 1).await;
-        assert!(matches!(c.verdict, Verdict::FailedClosed(_)), "the paused server cannot answer: {c:?}");
+        assert!(
+            matches!(c.verdict, Verdict::FailedClosed(_)),
+            "the paused server cannot answer: {c:?}"
+        );
         phantom_attempts += 1;
     }
     let (a, b) = (a.await.unwrap(), b.await.unwrap());
@@ -175,7 +216,10 @@ async fn redis_paused_then_unpaused() {
     let resume = paused_at + Duration::from_millis(pause_ms);
     tokio::time::sleep(resume.saturating_duration_since(Instant::now())).await;
     let took = time_to_recover(&l, &open).await;
-    record(&format!("CLIENT PAUSE: enforcement resumed {:.0} ms after the pause ended", took.as_secs_f64() * 1000.0));
+    record(&format!(
+        "CLIENT PAUSE: enforcement resumed {:.0} ms after the pause ended",
+        took.as_secs_f64() * 1000.0
+    ));
     assert!(took < RECOVERY, "recovery took {took:?}");
     assert_enforced(&l, "pause").await;
 
@@ -185,15 +229,26 @@ async fn redis_paused_then_unpaused() {
     let mut held = Vec::new();
     for _ in 0..4 {
         let c = l.check(&Identity::new("conc"), &conc, 1).await;
-        assert!(c.allowed, "a lease slot is still taken after the lease timeout: {c:?}");
+        assert!(
+            c.allowed,
+            "a lease slot is still taken after the lease timeout: {c:?}"
+        );
         held.extend(c.leases);
     }
-    assert!(!l.check(&Identity::new("conc"), &conc, 1).await.allowed, "the limit of 4 holds");
+    assert!(
+        !l.check(&Identity::new("conc"), &conc, 1).await.allowed,
+        "the limit of 4 holds"
+    );
     for lease in &held {
         assert!(l.release(lease).await.unwrap(), "lease released");
     }
-    assert!(l.check(&Identity::new("conc"), &conc, 1).await.allowed, "released leases are free again");
-    record(&format!("CLIENT PAUSE: {phantom_attempts} lease attempts during the pause; all 4 slots free {lease_ms} ms after"));
+    assert!(
+        l.check(&Identity::new("conc"), &conc, 1).await.allowed,
+        "released leases are free again"
+    );
+    record(&format!(
+        "CLIENT PAUSE: {phantom_attempts} lease attempts during the pause; all 4 slots free {lease_ms} ms after"
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,7 +256,14 @@ async fn script_flush_mid_load_is_invisible_and_exact() {
     let server = RedisServer::redis();
     let l = limiter(&server.url()).await;
     let limit = 400;
-    let p = policy("flush", FailureMode::Closed, Algorithm::FixedWindow { limit, window_ms: 3_600_000 });
+    let p = policy(
+        "flush",
+        FailureMode::Closed,
+        Algorithm::FixedWindow {
+            limit,
+            window_ms: 3_600_000,
+        },
+    );
     let id = Identity::new("flush:shared");
     let mut handles = Vec::new();
     for _ in 0..4 {
@@ -225,7 +287,11 @@ async fn script_flush_mid_load_is_invisible_and_exact() {
         total.merge(&h.await.unwrap());
     }
     record(&total.line("SCRIPT FLUSH x5 mid-load"));
-    assert_eq!(total.failed_closed + total.failed_open, 0, "no caller sees a flush");
+    assert_eq!(
+        total.failed_closed + total.failed_open,
+        0,
+        "no caller sees a flush"
+    );
     assert_eq!(total.allowed, limit, "exactly the limit admitted");
     assert_eq!(total.denied, 600 - limit);
     assert_bounded(&total, "flush");
@@ -240,8 +306,16 @@ async fn maxmemory_reached_applies_the_failure_mode_then_recovers() {
     assert!(load(&l, &open, 1, Duration::from_millis(100)).await.allowed > 0);
 
     // 1 MB with noeviction: Redis 7's baseline is about that, so writes fail at once.
-    assert!(server.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]).contains("OK"));
-    assert!(server.cli(&["CONFIG", "SET", "maxmemory", "1mb"]).contains("OK"));
+    assert!(
+        server
+            .cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+            .contains("OK")
+    );
+    assert!(
+        server
+            .cli(&["CONFIG", "SET", "maxmemory", "1mb"])
+            .contains("OK")
+    );
     let reply = server.cli(&["SET", "filler", "x"]);
     assert!(reply.contains("OOM"), "the server refuses writes: {reply}");
 
@@ -254,9 +328,16 @@ async fn maxmemory_reached_applies_the_failure_mode_then_recovers() {
     assert_eq!(a.failed_open, a.requests, "every check fails open");
     assert_eq!(b.failed_closed, b.requests, "every check fails closed");
 
-    assert!(server.cli(&["CONFIG", "SET", "maxmemory", "0"]).contains("OK"));
+    assert!(
+        server
+            .cli(&["CONFIG", "SET", "maxmemory", "0"])
+            .contains("OK")
+    );
     let took = time_to_recover(&l, &open).await;
-    record(&format!("maxmemory: enforcement resumed {:.0} ms after the limit was lifted", took.as_secs_f64() * 1000.0));
+    record(&format!(
+        "maxmemory: enforcement resumed {:.0} ms after the limit was lifted",
+        took.as_secs_f64() * 1000.0
+    ));
     assert!(took < RECOVERY, "recovery took {took:?}");
     assert_enforced(&l, "oom").await;
 }
@@ -268,11 +349,20 @@ async fn cluster_master_killed_fails_over_and_enforcement_resumes() {
     let open = policy("cl-open", FailureMode::Open, roomy());
     let closed = policy("cl-closed", FailureMode::Closed, roomy());
     // The identity of task 0 of the open policy decides which master dies.
-    let victim_key = l.key_scheme().key(&Identity::new("load:0:cl-open"), "cl-open");
+    let victim_key = l
+        .key_scheme()
+        .key(&Identity::new("load:0:cl-open"), "cl-open");
     let slot = key_slot(victim_key.as_bytes());
-    let victim = cluster.master_of_slot(slot).expect("a master serves the slot");
+    let victim = cluster
+        .master_of_slot(slot)
+        .expect("a master serves the slot");
 
-    assert_eq!(load(&l, &open, 2, Duration::from_millis(200)).await.failed_open, 0);
+    assert_eq!(
+        load(&l, &open, 2, Duration::from_millis(200))
+            .await
+            .failed_open,
+        0
+    );
     let (lo, lc) = (l.clone(), l.clone());
     let (o, c) = (Arc::clone(&open), Arc::clone(&closed));
     let a = tokio::spawn(async move { load(&lo, &o, 4, Duration::from_millis(2500)).await });
@@ -285,7 +375,10 @@ async fn cluster_master_killed_fails_over_and_enforcement_resumes() {
     record(&b.line("Cluster master killed (fail closed, 4 identities)"));
     assert_bounded(&a, "cluster, open");
     assert_bounded(&b, "cluster, closed");
-    assert!(a.failed_open > 0, "checks on the dead master's slots failed open");
+    assert!(
+        a.failed_open > 0,
+        "checks on the dead master's slots failed open"
+    );
     assert_eq!(a.failed_closed + b.failed_open, 0);
 
     cluster.wait_failover(slot, victim, Duration::from_secs(30));
@@ -298,7 +391,10 @@ async fn cluster_master_killed_fails_over_and_enforcement_resumes() {
         if l.check(&victim_id, &open, 1).await.verdict == Verdict::Decided {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(10), "the failed-over slot never answered");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the failed-over slot never answered"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let took = took.max(start.elapsed());

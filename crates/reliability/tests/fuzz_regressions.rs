@@ -10,7 +10,9 @@ fn saved_inputs_replay() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fuzz-regressions");
     let mut n = 0;
     for (name, target) in TARGETS {
-        let Ok(dir) = std::fs::read_dir(root.join(name)) else { continue };
+        let Ok(dir) = std::fs::read_dir(root.join(name)) else {
+            continue;
+        };
         for f in dir.flatten() {
             let data = std::fs::read(f.path()).unwrap();
             eprintln!("replaying {}", f.path().display());

@@ -87,20 +87,41 @@ async fn upstream() -> SocketAddr {
 
 fn redis_with_password() -> RedisServer {
     let r = RedisServer::redis();
-    assert!(r.cli(&["CONFIG", "SET", "requirepass", REDIS_PASSWORD]).contains("OK"));
+    assert!(
+        r.cli(&["CONFIG", "SET", "requirepass", REDIS_PASSWORD])
+            .contains("OK")
+    );
     r
 }
 
 fn all_keys(r: &RedisServer) -> Vec<String> {
     let out = std::process::Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", &r.port().to_string(), "-a", REDIS_PASSWORD, "--no-auth-warning", "--scan"])
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &r.port().to_string(),
+            "-a",
+            REDIS_PASSWORD,
+            "--no-auth-warning",
+            "--scan",
+        ])
         .output()
         .unwrap();
-    String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).filter(|l| !l.is_empty()).collect()
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .filter(|l| !l.is_empty())
+        .collect()
 }
 
 async fn metrics(s: &TestServer) -> String {
-    let res = client().get(s.url("/metrics")).bearer_auth(ADMIN).send().await.unwrap();
+    let res = client()
+        .get(s.url("/metrics"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 200);
     res.text().await.unwrap()
 }
@@ -112,54 +133,126 @@ async fn credentials_never_reach_keys_logs_or_metrics() {
     let up = upstream().await;
     let s = start_with(&config(redis.port(), up, ""), &[]).await;
     let c = client();
-    let secrets: Vec<String> = (0..10).map(|i| format!("sk_live_{i}_{:016x}", rand::random::<u64>())).collect();
+    let secrets: Vec<String> = (0..10)
+        .map(|i| format!("sk_live_{i}_{:016x}", rand::random::<u64>()))
+        .collect();
     for secret in &secrets {
         for expect in [200, 200, 429] {
-            let res = c.get(s.proxy_url("/key/x")).header("x-api-key", secret).send().await.unwrap();
+            let res = c
+                .get(s.proxy_url("/key/x"))
+                .header("x-api-key", secret)
+                .send()
+                .await
+                .unwrap();
             assert_eq!(res.status(), expect, "per API key bucket of 2");
-            let res = c.get(s.proxy_url("/bearer/x")).bearer_auth(secret).send().await.unwrap();
+            let res = c
+                .get(s.proxy_url("/bearer/x"))
+                .bearer_auth(secret)
+                .send()
+                .await
+                .unwrap();
             assert_eq!(res.status(), expect, "per bearer token window of 2");
         }
     }
     // Admin calls with a wrong token (logged or counted anywhere?) and the right one.
     for token in [ADMIN, "wrong-admin-guess"] {
-        let _ = c.get(s.url("/metrics")).bearer_auth(token).send().await.unwrap();
-        let _ = c.post(s.url("/admin/reload")).bearer_auth(token).send().await.unwrap();
+        let _ = c
+            .get(s.url("/metrics"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
+        let _ = c
+            .post(s.url("/admin/reload"))
+            .bearer_auth(token)
+            .send()
+            .await
+            .unwrap();
     }
     // Failures log: kill Redis so the store errors (with the URL's password at hand) are logged.
     redis.stop();
     for secret in &secrets {
-        let _ = c.get(s.proxy_url("/key/x")).header("x-api-key", secret).send().await.unwrap();
+        let _ = c
+            .get(s.proxy_url("/key/x"))
+            .header("x-api-key", secret)
+            .send()
+            .await
+            .unwrap();
     }
-    let _ = c.post(s.url("/v1/check")).json(&json!({"policy": "api", "identity": "u"})).send().await.unwrap();
+    let _ = c
+        .post(s.url("/v1/check"))
+        .json(&json!({"policy": "api", "identity": "u"}))
+        .send()
+        .await
+        .unwrap();
     let _ = c.get(s.url("/readyz")).send().await.unwrap();
     redis.restart();
-    assert!(redis.cli(&["CONFIG", "SET", "requirepass", REDIS_PASSWORD]).contains("OK"));
+    assert!(
+        redis
+            .cli(&["CONFIG", "SET", "requirepass", REDIS_PASSWORD])
+            .contains("OK")
+    );
     // Wait for the store to answer again, then write keys for every credential.
     for _ in 0..200 {
-        let r = c.post(s.url("/v1/check")).json(&json!({"policy": "api", "identity": "after"})).send().await.unwrap();
+        let r = c
+            .post(s.url("/v1/check"))
+            .json(&json!({"policy": "api", "identity": "after"}))
+            .send()
+            .await
+            .unwrap();
         if r.text().await.unwrap().contains("\"decided\"") {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Fresh credentials (the limiter's local deny cache still answers for the denied ones).
-    let fresh: Vec<String> = (0..10).map(|i| format!("sk_test_{i}_{:016x}", rand::random::<u64>())).collect();
+    let fresh: Vec<String> = (0..10)
+        .map(|i| format!("sk_test_{i}_{:016x}", rand::random::<u64>()))
+        .collect();
     for secret in &fresh {
-        let r = c.get(s.proxy_url("/key/x")).header("x-api-key", secret).send().await.unwrap();
+        let r = c
+            .get(s.proxy_url("/key/x"))
+            .header("x-api-key", secret)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 200);
-        let r = c.get(s.proxy_url("/bearer/x")).bearer_auth(secret).send().await.unwrap();
+        let r = c
+            .get(s.proxy_url("/bearer/x"))
+            .bearer_auth(secret)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 200);
     }
 
     let keys = all_keys(&redis);
-    assert!(keys.iter().any(|k| k.contains("key:h")), "hashed API-key identities are stored: {keys:?}");
+    assert!(
+        keys.iter().any(|k| k.contains("key:h")),
+        "hashed API-key identities are stored: {keys:?}"
+    );
     let text = metrics(&s).await;
     let log = logs::text();
-    assert!(log.contains("rate limit store failed"), "the failure was logged (the scan below is meaningful)");
-    assert!(keys.iter().filter(|k| k.contains("key:h") || k.contains("bearer:h")).count() >= 20, "{keys:?}");
-    for secret in secrets.iter().chain(&fresh).map(String::as_str).chain([ADMIN, REDIS_PASSWORD, "wrong-admin-guess"]) {
-        assert!(!keys.iter().any(|k| k.contains(secret)), "{secret} in a key name");
+    assert!(
+        log.contains("rate limit store failed"),
+        "the failure was logged (the scan below is meaningful)"
+    );
+    assert!(
+        keys.iter()
+            .filter(|k| k.contains("key:h") || k.contains("bearer:h"))
+            .count()
+            >= 20,
+        "{keys:?}"
+    );
+    for secret in secrets.iter().chain(&fresh).map(String::as_str).chain([
+        ADMIN,
+        REDIS_PASSWORD,
+        "wrong-admin-guess",
+    ]) {
+        assert!(
+            !keys.iter().any(|k| k.contains(secret)),
+            "{secret} in a key name"
+        );
         assert!(!text.contains(secret), "{secret} in /metrics");
         assert!(!log.contains(secret), "{secret} in the log output");
     }
@@ -176,10 +269,21 @@ async fn forwarded_for_cannot_be_spoofed() {
     let mut statuses = Vec::new();
     for i in 0..6 {
         let spoof = format!("198.51.100.{i}, 203.0.113.{i}");
-        let res = c.get(s.proxy_url("/ip/x")).header("x-forwarded-for", spoof).header("x-real-ip", format!("192.0.2.{i}")).header("forwarded", format!("for=192.0.2.{i}")).send().await.unwrap();
+        let res = c
+            .get(s.proxy_url("/ip/x"))
+            .header("x-forwarded-for", spoof)
+            .header("x-real-ip", format!("192.0.2.{i}"))
+            .header("forwarded", format!("for=192.0.2.{i}"))
+            .send()
+            .await
+            .unwrap();
         statuses.push(res.status().as_u16());
     }
-    assert_eq!(statuses, [200, 200, 200, 429, 429, 429], "spoofed headers do not give new buckets");
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 429, 429, 429],
+        "spoofed headers do not give new buckets"
+    );
     s.stop().await;
 
     // 127.0.0.1 trusted: the right-most untrusted hop is the client; what the client wrote to
@@ -188,16 +292,39 @@ async fn forwarded_for_cannot_be_spoofed() {
     let mut statuses = Vec::new();
     for i in 0..6 {
         let spoof = format!("10.9.8.{i}, 1.1.1.{i}, 203.0.113.77");
-        let res = c.get(s.proxy_url("/ip/x")).header("x-forwarded-for", spoof).send().await.unwrap();
+        let res = c
+            .get(s.proxy_url("/ip/x"))
+            .header("x-forwarded-for", spoof)
+            .send()
+            .await
+            .unwrap();
         statuses.push(res.status().as_u16());
     }
-    assert_eq!(statuses, [200, 200, 200, 429, 429, 429], "one client, one bucket");
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 429, 429, 429],
+        "one client, one bucket"
+    );
     // A different real client (as our proxy reports it) has its own bucket.
-    let res = c.get(s.proxy_url("/ip/x")).header("x-forwarded-for", "203.0.113.78").send().await.unwrap();
+    let res = c
+        .get(s.proxy_url("/ip/x"))
+        .header("x-forwarded-for", "203.0.113.78")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 200);
     // Hops of the client's own making that claim to be our proxy do not move the client left.
-    let res = c.get(s.proxy_url("/ip/x")).header("x-forwarded-for", "203.0.113.77, 127.0.0.1").send().await.unwrap();
-    assert_eq!(res.status(), 429, "a trusted-looking hop on the right is skipped, the client found");
+    let res = c
+        .get(s.proxy_url("/ip/x"))
+        .header("x-forwarded-for", "203.0.113.77, 127.0.0.1")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        res.status(),
+        429,
+        "a trusted-looking hop on the right is skipped, the client found"
+    );
     s.stop().await;
 }
 
@@ -206,7 +333,18 @@ async fn hostile_identities_cannot_inject_a_hash_tag() {
     let redis = redis_with_password();
     let up = upstream().await;
     let s = start_with(&config(redis.port(), up, ""), &[]).await;
-    let hostile = ["}", "{", "a}b{c", "{user:1}", "}{}", "x}:api", "%7D", "\u{0}}", "{}", "user:1}\r\nFLUSHALL\r\n"];
+    let hostile = [
+        "}",
+        "{",
+        "a}b{c",
+        "{user:1}",
+        "}{}",
+        "x}:api",
+        "%7D",
+        "\u{0}}",
+        "{}",
+        "user:1}\r\nFLUSHALL\r\n",
+    ];
     for id in hostile {
         for _ in 0..2 {
             let res = client()
@@ -219,7 +357,11 @@ async fn hostile_identities_cannot_inject_a_hash_tag() {
         }
     }
     let keys = all_keys(&redis);
-    assert_eq!(keys.len(), hostile.len() * 2, "two keys per identity, no collision, nothing flushed: {keys:?}");
+    assert_eq!(
+        keys.len(),
+        hostile.len() * 2,
+        "two keys per identity, no collision, nothing flushed: {keys:?}"
+    );
     let mut tags = BTreeSet::new();
     for k in &keys {
         assert_eq!(k.matches('{').count(), 1, "{k}");
@@ -230,14 +372,28 @@ async fn hostile_identities_cannot_inject_a_hash_tag() {
     assert_eq!(tags.len(), hostile.len(), "one hash tag per identity");
     // Both policies of one identity share a slot (one script call on a Cluster).
     for t in &tags {
-        let slots: BTreeSet<u16> = keys.iter().filter(|k| hash_tag(k.as_bytes()) == t.as_bytes()).map(|k| key_slot(k.as_bytes())).collect();
+        let slots: BTreeSet<u16> = keys
+            .iter()
+            .filter(|k| hash_tag(k.as_bytes()) == t.as_bytes())
+            .map(|k| key_slot(k.as_bytes()))
+            .collect();
         assert_eq!(slots.len(), 1, "{t}");
     }
     // Every key has a TTL.
     let _ = keys_with_ttl; // (the password-protected server needs -a; checked with PTTL below)
     for k in &keys {
         let out = std::process::Command::new("redis-cli")
-            .args(["-h", "127.0.0.1", "-p", &redis.port().to_string(), "-a", REDIS_PASSWORD, "--no-auth-warning", "PTTL", k])
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &redis.port().to_string(),
+                "-a",
+                REDIS_PASSWORD,
+                "--no-auth-warning",
+                "PTTL",
+                k,
+            ])
             .output()
             .unwrap();
         let ttl: i64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
@@ -254,35 +410,74 @@ async fn metric_label_cardinality_is_bounded() {
     let c = client();
     let before = metrics(&s).await;
     let label_values = |text: &str| -> BTreeSet<String> {
-        prom::samples(text).filter(|x| x.name.starts_with("sluice_")).map(|x| format!("{}{:?}", x.name, x.labels)).collect()
+        prom::samples(text)
+            .filter(|x| x.name.starts_with("sluice_"))
+            .map(|x| format!("{}{:?}", x.name, x.labels))
+            .collect()
     };
     // Hundreds of identities, keys, paths, unknown policies and Envoy domains.
     for i in 0..300 {
         let id = format!("ident-{i}-{:x}", rand::random::<u32>());
-        let _ = c.post(s.url("/v1/check")).json(&json!({"policy": "api", "identity": id})).send().await.unwrap();
-        let _ = c.post(s.url("/v1/check")).json(&json!({"policy": format!("nope-{i}"), "identity": id})).send().await.unwrap();
-        let _ = c.get(s.proxy_url(&format!("/key/{id}"))).header("x-api-key", &id).send().await.unwrap();
-        let _ = c.get(s.proxy_url(&format!("/unrouted/{id}"))).send().await.unwrap();
-        let _ = c.get(s.url(&format!("/nothing/{id}"))).send().await.unwrap();
+        let _ = c
+            .post(s.url("/v1/check"))
+            .json(&json!({"policy": "api", "identity": id}))
+            .send()
+            .await
+            .unwrap();
+        let _ = c
+            .post(s.url("/v1/check"))
+            .json(&json!({"policy": format!("nope-{i}"), "identity": id}))
+            .send()
+            .await
+            .unwrap();
+        let _ = c
+            .get(s.proxy_url(&format!("/key/{id}")))
+            .header("x-api-key", &id)
+            .send()
+            .await
+            .unwrap();
+        let _ = c
+            .get(s.proxy_url(&format!("/unrouted/{id}")))
+            .send()
+            .await
+            .unwrap();
+        let _ = c
+            .get(s.url(&format!("/nothing/{id}")))
+            .send()
+            .await
+            .unwrap();
     }
     let mut rls = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::connect(s.grpc_url()).await.unwrap();
     for i in 0..100 {
         let _ = rls
-            .should_rate_limit(envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
-                domain: format!("domain-{i}"),
-                descriptors: vec![],
-                hits_addend: 0,
-            })
+            .should_rate_limit(
+                envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
+                    domain: format!("domain-{i}"),
+                    descriptors: vec![],
+                    hits_addend: 0,
+                },
+            )
             .await;
     }
     let after = metrics(&s).await;
     let (b, a) = (label_values(&before), label_values(&after));
     let new: Vec<&String> = a.difference(&b).collect();
     // A fixed set: outcomes x configured policies, statuses x endpoints, route prefixes, kinds.
-    assert!(new.len() < 60, "{} new series after 300 identities: {new:#?}", new.len());
+    assert!(
+        new.len() < 60,
+        "{} new series after 300 identities: {new:#?}",
+        new.len()
+    );
     for x in prom::samples(&after).filter(|x| x.name.starts_with("sluice_")) {
         for (k, v) in &x.labels {
-            assert!(!v.contains("ident-") && !v.contains("nope-") && !v.contains("domain-") && !v.contains("unrouted"), "{}: {k}={v}", x.name);
+            assert!(
+                !v.contains("ident-")
+                    && !v.contains("nope-")
+                    && !v.contains("domain-")
+                    && !v.contains("unrouted"),
+                "{}: {k}={v}",
+                x.name
+            );
         }
     }
     s.stop().await;
@@ -303,13 +498,26 @@ async fn admin_endpoints_bind_loopback_and_require_the_token() {
     let cl = client();
     for (path, post) in [("/metrics", false), ("/admin/reload", true)] {
         let req = |token: Option<&str>| {
-            let r = if post { cl.post(s.url(path)) } else { cl.get(s.url(path)) };
+            let r = if post {
+                cl.post(s.url(path))
+            } else {
+                cl.get(s.url(path))
+            };
             match token {
                 Some(t) => r.header("authorization", t),
                 None => r,
             }
         };
-        for bad in [None, Some("Bearer"), Some("Bearer "), Some("Bearer wrong"), Some(ADMIN), Some("Basic YWRtaW46YWRtaW4="), Some(&format!("Bearer {ADMIN}x")), Some(&format!("bearer{ADMIN}"))] {
+        for bad in [
+            None,
+            Some("Bearer"),
+            Some("Bearer "),
+            Some("Bearer wrong"),
+            Some(ADMIN),
+            Some("Basic YWRtaW46YWRtaW4="),
+            Some(&format!("Bearer {ADMIN}x")),
+            Some(&format!("bearer{ADMIN}")),
+        ] {
             let res = req(bad).send().await.unwrap();
             assert_eq!(res.status(), 401, "{path} with {bad:?}");
             assert_eq!(res.headers().get("www-authenticate").unwrap(), "Bearer");
@@ -318,6 +526,9 @@ async fn admin_endpoints_bind_loopback_and_require_the_token() {
         assert!(res.status().is_success(), "{path}: {}", res.status());
     }
     // The decision API and health stay open.
-    assert_eq!(cl.get(s.url("/healthz")).send().await.unwrap().status(), 200);
+    assert_eq!(
+        cl.get(s.url("/healthz")).send().await.unwrap().status(),
+        200
+    );
     s.stop().await;
 }

@@ -133,18 +133,30 @@ async fn rls_code(s: &TestServer) -> (Duration, Result<i32, tonic::Code>) {
     let req = RateLimitRequest {
         domain: "edge".into(),
         descriptors: vec![RateLimitDescriptor {
-            entries: vec![Entry { key: "user".into(), value: "alice".into() }],
+            entries: vec![Entry {
+                key: "user".into(),
+                value: "alice".into(),
+            }],
             ..Default::default()
         }],
         hits_addend: 1,
     };
     let start = Instant::now();
     let r = c.should_rate_limit(req).await;
-    (start.elapsed(), r.map(|r| r.into_inner().overall_code).map_err(|e| e.code()))
+    (
+        start.elapsed(),
+        r.map(|r| r.into_inner().overall_code).map_err(|e| e.code()),
+    )
 }
 
 async fn ready(s: &TestServer) -> u16 {
-    client().get(s.url("/readyz")).send().await.unwrap().status().as_u16()
+    client()
+        .get(s.url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
 }
 
 async fn time_to_recover(s: &TestServer, policy: &str) -> Duration {
@@ -154,7 +166,10 @@ async fn time_to_recover(s: &TestServer, policy: &str) -> Duration {
         if v["verdict"] == "decided" {
             return start.elapsed();
         }
-        assert!(start.elapsed() < Duration::from_secs(10), "no recovery within 10 s");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no recovery within 10 s"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }
@@ -174,34 +189,59 @@ async fn assert_enforced(s: &TestServer, tag: &str) {
 async fn during_fault(s: &TestServer, tag: &str, what: &str, dur: Duration, unready: bool) {
     let before = metrics(s).await;
     let (open_policy, closed_policy) = (format!("{tag}-open"), format!("{tag}-closed"));
-    let (a, b) = tokio::join!(load(s, &open_policy, 2, dur), load(s, &closed_policy, 2, dur));
+    let (a, b) = tokio::join!(
+        load(s, &open_policy, 2, dur),
+        load(s, &closed_policy, 2, dur)
+    );
     record(&a.line(&format!("serve, {what} (fail open)")));
     record(&b.line(&format!("serve, {what} (fail closed)")));
     for t in [&a, &b] {
-        assert!(t.worst <= TIMEOUT + MARGIN, "{what}: an HTTP answer took {:?}", t.worst);
+        assert!(
+            t.worst <= TIMEOUT + MARGIN,
+            "{what}: an HTTP answer took {:?}",
+            t.worst
+        );
     }
-    assert!(a.failed_open > 0 && a.failed_closed == 0 && a.denied == 0, "{a:?}");
+    assert!(
+        a.failed_open > 0 && a.failed_closed == 0 && a.denied == 0,
+        "{a:?}"
+    );
     assert!(b.failed_closed > 0 && b.failed_open == 0, "{b:?}");
 
     let after = metrics(s).await;
-    let delta = |name: &str, labels: &[(&str, &str)]| prom::sum(&after, name, labels) - prom::sum(&before, name, labels);
+    let delta = |name: &str, labels: &[(&str, &str)]| {
+        prom::sum(&after, name, labels) - prom::sum(&before, name, labels)
+    };
     assert_eq!(
-        delta("sluice_decisions_total", &[("policy", &open_policy), ("outcome", "failed_open")]),
+        delta(
+            "sluice_decisions_total",
+            &[("policy", &open_policy), ("outcome", "failed_open")]
+        ),
         a.failed_open as f64,
         "every fail-open answer is counted under its policy"
     );
     assert_eq!(
-        delta("sluice_decisions_total", &[("policy", &closed_policy), ("outcome", "failed_closed")]),
+        delta(
+            "sluice_decisions_total",
+            &[("policy", &closed_policy), ("outcome", "failed_closed")]
+        ),
         b.failed_closed as f64
     );
     // Other tests of this binary may fail at the same time, so at least ours.
     assert!(delta("sluice_store_failures_total", &[("mode", "open")]) >= a.failed_open as f64);
     assert!(delta("sluice_store_failures_total", &[("mode", "closed")]) >= b.failed_closed as f64);
-    assert!(delta("sluice_store_errors_total", &[]) > 0.0, "store errors are counted by kind");
+    assert!(
+        delta("sluice_store_errors_total", &[]) > 0.0,
+        "store errors are counted by kind"
+    );
 
     // Envoy: UNAVAILABLE, quickly, so Envoy applies failure_mode_deny.
     let (took, code) = rls_code(s).await;
-    assert_eq!(code, Err(tonic::Code::Unavailable), "{what}: RLS during the fault");
+    assert_eq!(
+        code,
+        Err(tonic::Code::Unavailable),
+        "{what}: RLS during the fault"
+    );
     assert!(took <= TIMEOUT + MARGIN, "RLS answer took {took:?}");
     // /readyz probes with a read-only call: it sees a dead or paused server, not one that
     // only refuses writes (maxmemory), which still answers reads.
@@ -218,11 +258,21 @@ async fn serve_redis_killed_then_restarted() {
     assert_eq!(rls_code(&s).await.1, Ok(1), "RLS OK while healthy");
 
     redis.stop();
-    during_fault(&s, "kill", "Redis killed", Duration::from_millis(1200), true).await;
+    during_fault(
+        &s,
+        "kill",
+        "Redis killed",
+        Duration::from_millis(1200),
+        true,
+    )
+    .await;
 
     redis.restart();
     let took = time_to_recover(&s, "kill-open").await;
-    record(&format!("serve, Redis killed: enforcement resumed {:.0} ms after the restart", took.as_secs_f64() * 1000.0));
+    record(&format!(
+        "serve, Redis killed: enforcement resumed {:.0} ms after the restart",
+        took.as_secs_f64() * 1000.0
+    ));
     assert!(took < RECOVERY, "recovery took {took:?}");
     assert_enforced(&s, "kill").await;
     assert_eq!(ready(&s).await, 200);
@@ -238,11 +288,25 @@ async fn serve_redis_paused() {
     let _ = check(&s, "pause-open", "warm").await;
     let pause = Duration::from_millis(1500);
     let paused_at = Instant::now();
-    assert!(redis.cli(&["CLIENT", "PAUSE", &pause.as_millis().to_string(), "ALL"]).contains("OK"));
-    during_fault(&s, "pause", "CLIENT PAUSE", Duration::from_millis(800), true).await;
+    assert!(
+        redis
+            .cli(&["CLIENT", "PAUSE", &pause.as_millis().to_string(), "ALL"])
+            .contains("OK")
+    );
+    during_fault(
+        &s,
+        "pause",
+        "CLIENT PAUSE",
+        Duration::from_millis(800),
+        true,
+    )
+    .await;
     tokio::time::sleep((paused_at + pause).saturating_duration_since(Instant::now())).await;
     let took = time_to_recover(&s, "pause-open").await;
-    record(&format!("serve, CLIENT PAUSE: enforcement resumed {:.0} ms after the pause ended", took.as_secs_f64() * 1000.0));
+    record(&format!(
+        "serve, CLIENT PAUSE: enforcement resumed {:.0} ms after the pause ended",
+        took.as_secs_f64() * 1000.0
+    ));
     assert!(took < RECOVERY, "recovery took {took:?}");
     assert_enforced(&s, "pause").await;
     assert!(s.is_running());
@@ -254,12 +318,34 @@ async fn serve_redis_out_of_memory() {
     let redis = RedisServer::redis();
     let s = start(&redis, "oom").await;
     let _ = check(&s, "oom-open", "warm").await;
-    assert!(redis.cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"]).contains("OK"));
-    assert!(redis.cli(&["CONFIG", "SET", "maxmemory", "1mb"]).contains("OK"));
-    during_fault(&s, "oom", "maxmemory reached", Duration::from_millis(600), false).await;
-    assert!(redis.cli(&["CONFIG", "SET", "maxmemory", "0"]).contains("OK"));
+    assert!(
+        redis
+            .cli(&["CONFIG", "SET", "maxmemory-policy", "noeviction"])
+            .contains("OK")
+    );
+    assert!(
+        redis
+            .cli(&["CONFIG", "SET", "maxmemory", "1mb"])
+            .contains("OK")
+    );
+    during_fault(
+        &s,
+        "oom",
+        "maxmemory reached",
+        Duration::from_millis(600),
+        false,
+    )
+    .await;
+    assert!(
+        redis
+            .cli(&["CONFIG", "SET", "maxmemory", "0"])
+            .contains("OK")
+    );
     let took = time_to_recover(&s, "oom-open").await;
-    record(&format!("serve, maxmemory: enforcement resumed {:.0} ms after the limit was lifted", took.as_secs_f64() * 1000.0));
+    record(&format!(
+        "serve, maxmemory: enforcement resumed {:.0} ms after the limit was lifted",
+        took.as_secs_f64() * 1000.0
+    ));
     assert!(took < RECOVERY, "recovery took {took:?}");
     assert_enforced(&s, "oom").await;
     assert!(s.is_running());

@@ -95,7 +95,12 @@ async fn read_json(req: Request, max: usize) -> Result<Map<String, Value>, Respo
     let body = http_body_util::Limited::new(req.into_body(), max);
     let bytes = match body.collect().await {
         Ok(c) => c.to_bytes(),
-        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => return Err(too_large()),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            return Err(too_large());
+        }
         Err(e) => {
             return Err(problem(
                 StatusCode::BAD_REQUEST,
@@ -105,8 +110,14 @@ async fn read_json(req: Request, max: usize) -> Result<Map<String, Value>, Respo
     };
     match serde_json::from_slice::<Value>(&bytes) {
         Ok(Value::Object(m)) => Ok(m),
-        Ok(_) => Err(problem(StatusCode::BAD_REQUEST, "the body must be a JSON object")),
-        Err(e) => Err(problem(StatusCode::BAD_REQUEST, &format!("invalid JSON: {e}"))),
+        Ok(_) => Err(problem(
+            StatusCode::BAD_REQUEST,
+            "the body must be a JSON object",
+        )),
+        Err(e) => Err(problem(
+            StatusCode::BAD_REQUEST,
+            &format!("invalid JSON: {e}"),
+        )),
     }
 }
 
@@ -127,30 +138,51 @@ fn parse_check(rt: &Runtime, mut m: Map<String, Value>) -> Result<CheckRequest, 
     let max = rt.config.server.max_policies_per_check;
     let names: Vec<String> = match (m.remove("policy"), m.remove("policies")) {
         (Some(_), Some(_)) => return Err("give either \"policy\" or \"policies\", not both".into()),
-        (None, None) => return Err("missing \"policy\" (a policy name) or \"policies\" (a list of names)".into()),
+        (None, None) => {
+            return Err(
+                "missing \"policy\" (a policy name) or \"policies\" (a list of names)".into(),
+            );
+        }
         (Some(Value::String(p)), None) => vec![p],
-        (Some(other), None) => return Err(format!("\"policy\" must be a string, not {}", kind(&other))),
+        (Some(other), None) => {
+            return Err(format!("\"policy\" must be a string, not {}", kind(&other)));
+        }
         (None, Some(Value::Array(list))) => {
             if list.is_empty() {
                 return Err("\"policies\" must not be empty".into());
             }
             if list.len() > max {
-                return Err(format!("at most {max} policies per check, got {}", list.len()));
+                return Err(format!(
+                    "at most {max} policies per check, got {}",
+                    list.len()
+                ));
             }
             let mut names = Vec::with_capacity(list.len());
             for v in list {
                 match v {
                     Value::String(s) if !names.contains(&s) => names.push(s),
                     Value::String(s) => return Err(format!("policy {s:?} is listed twice")),
-                    other => return Err(format!("\"policies\" must hold strings, not {}", kind(&other))),
+                    other => {
+                        return Err(format!(
+                            "\"policies\" must hold strings, not {}",
+                            kind(&other)
+                        ));
+                    }
                 }
             }
             names
         }
-        (None, Some(other)) => return Err(format!("\"policies\" must be a list of strings, not {}", kind(&other))),
+        (None, Some(other)) => {
+            return Err(format!(
+                "\"policies\" must be a list of strings, not {}",
+                kind(&other)
+            ));
+        }
     };
     let identity = match m.remove("identity") {
-        Some(Value::String(s)) if s.is_empty() => return Err("\"identity\" must not be empty".into()),
+        Some(Value::String(s)) if s.is_empty() => {
+            return Err("\"identity\" must not be empty".into());
+        }
         Some(Value::String(s)) if s.len() > MAX_IDENTITY_LEN => {
             return Err(format!(
                 "\"identity\" is {} bytes; the most is {MAX_IDENTITY_LEN}",
@@ -158,7 +190,12 @@ fn parse_check(rt: &Runtime, mut m: Map<String, Value>) -> Result<CheckRequest, 
             ));
         }
         Some(Value::String(s)) => Identity::new(s),
-        Some(other) => return Err(format!("\"identity\" must be a string, not {}", kind(&other))),
+        Some(other) => {
+            return Err(format!(
+                "\"identity\" must be a string, not {}",
+                kind(&other)
+            ));
+        }
         None => return Err("missing \"identity\" (who is limited, e.g. \"user:42\")".into()),
     };
     let cost = match m.remove("cost") {
@@ -169,7 +206,12 @@ fn parse_check(rt: &Runtime, mut m: Map<String, Value>) -> Result<CheckRequest, 
             None if n.as_i64().is_some() => return Err("\"cost\" must not be negative".into()),
             None => return Err("\"cost\" must be a whole number".into()),
         },
-        Some(other) => return Err(format!("\"cost\" must be a non-negative integer, not {}", kind(&other))),
+        Some(other) => {
+            return Err(format!(
+                "\"cost\" must be a non-negative integer, not {}",
+                kind(&other)
+            ));
+        }
     };
     if let Some(k) = m.keys().next() {
         return Err(format!(
@@ -244,7 +286,8 @@ fn check_answer(checked: &Checked, opts: &HeaderOptions) -> Value {
         .filter_map(|l| l.decision.as_ref())
         .max_by_key(|d| d.retry_after_ms)
         .or_else(|| visible().min_by_key(|d| d.remaining));
-    let (limit, remaining, reset) = head.map_or((0, 0, 0), |d| (d.limit, d.remaining, d.reset_after_ms));
+    let (limit, remaining, reset) =
+        head.map_or((0, 0, 0), |d| (d.limit, d.remaining, d.reset_after_ms));
     let retry_after_ms = match checked.verdict {
         Verdict::FailedClosed(_) => 1000,
         _ if checked.allowed => 0,
@@ -443,7 +486,10 @@ async fn release(State(shared): State<Shared>, req: Request) -> Response {
             count("release", StatusCode::BAD_REQUEST);
             return problem(
                 StatusCode::BAD_REQUEST,
-                &format!("\"lease\" must be the token /v1/check returned, not {}", kind(&other)),
+                &format!(
+                    "\"lease\" must be the token /v1/check returned, not {}",
+                    kind(&other)
+                ),
             );
         }
         None => {
@@ -456,7 +502,10 @@ async fn release(State(shared): State<Shared>, req: Request) -> Response {
     };
     if let Some(k) = body.keys().next() {
         count("release", StatusCode::BAD_REQUEST);
-        return problem(StatusCode::BAD_REQUEST, &format!("unknown field {k:?}: expected lease"));
+        return problem(
+            StatusCode::BAD_REQUEST,
+            &format!("unknown field {k:?}: expected lease"),
+        );
     }
     let leases = match decode_leases(&rt, &token) {
         Ok(l) => l,
@@ -491,7 +540,10 @@ async fn readyz(State(shared): State<Shared>) -> Response {
     let store = rt.limiter.store().kind();
     match probe_store(
         &rt.limiter,
-        rt.config.store.timeout.max(std::time::Duration::from_millis(250)),
+        rt.config
+            .store
+            .timeout
+            .max(std::time::Duration::from_millis(250)),
     )
     .await
     {
@@ -528,8 +580,10 @@ fn unauthorized() -> Response {
         StatusCode::UNAUTHORIZED,
         "this endpoint needs Authorization: Bearer <admin_token>",
     );
-    res.headers_mut()
-        .insert(http::header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    res.headers_mut().insert(
+        http::header::WWW_AUTHENTICATE,
+        HeaderValue::from_static("Bearer"),
+    );
     res
 }
 
@@ -551,7 +605,10 @@ async fn admin_reload(State(shared): State<Shared>, req: Request) -> Response {
         return unauthorized();
     }
     match crate::reload::reload(&shared, "admin").await {
-        Ok(generation) => json_response(StatusCode::OK, &json!({ "reloaded": true, "generation": generation })),
+        Ok(generation) => json_response(
+            StatusCode::OK,
+            &json!({ "reloaded": true, "generation": generation }),
+        ),
         Err(errors) => json_response(
             StatusCode::UNPROCESSABLE_ENTITY,
             &json!({ "reloaded": false, "generation": shared.runtime().generation, "errors": errors }),
@@ -679,7 +736,13 @@ mod tests {
     #[test]
     fn openapi_is_complete() {
         let doc = openapi();
-        for p in ["/v1/check", "/v1/release", "/healthz", "/readyz", "/metrics"] {
+        for p in [
+            "/v1/check",
+            "/v1/release",
+            "/healthz",
+            "/readyz",
+            "/metrics",
+        ] {
             assert!(doc["paths"][p].is_object(), "{p}");
         }
         assert!(

@@ -87,7 +87,8 @@ impl std::str::FromStr for IdentitySource {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         let header = |h: &str| {
-            http::HeaderName::from_bytes(h.trim().as_bytes()).map_err(|_| format!("invalid header name {h:?}"))
+            http::HeaderName::from_bytes(h.trim().as_bytes())
+                .map_err(|_| format!("invalid header name {h:?}"))
         };
         match s.split_once(':') {
             None if s == "ip" => Ok(IdentitySource::Ip),
@@ -330,7 +331,11 @@ struct RawEnvoy {
 /// The 1-based line of a byte offset.
 pub fn line_of(src: &str, offset: usize) -> usize {
     let end = offset.min(src.len());
-    src.as_bytes()[..end].iter().filter(|&&b| b == b'\n').count() + 1
+    src.as_bytes()[..end]
+        .iter()
+        .filter(|&&b| b == b'\n')
+        .count()
+        + 1
 }
 
 /// The dotted field at a byte offset of a TOML file: the enclosing table header (with the
@@ -406,14 +411,18 @@ impl Checker<'_> {
 
 fn secret(s: &str) -> Result<String, String> {
     match s.strip_prefix("env:") {
-        Some(var) => std::env::var(var).map_err(|_| format!("environment variable {var} is not set")),
+        Some(var) => {
+            std::env::var(var).map_err(|_| format!("environment variable {var} is not set"))
+        }
         None => Ok(s.to_string()),
     }
 }
 
 fn hex32(s: &str) -> Result<[u8; 32], String> {
     let s = s.trim();
-    let bad = || "must be 64 hex digits (32 bytes), e.g. the output of `openssl rand -hex 32`".to_string();
+    let bad = || {
+        "must be 64 hex digits (32 bytes), e.g. the output of `openssl rand -hex 32`".to_string()
+    };
     if s.len() != 64 {
         return Err(bad());
     }
@@ -428,7 +437,9 @@ fn failure_mode(s: &str) -> Result<FailureMode, String> {
     match s {
         "open" => Ok(FailureMode::Open),
         "closed" => Ok(FailureMode::Closed),
-        other => Err(format!("unknown failure mode {other:?}: expected open or closed")),
+        other => Err(format!(
+            "unknown failure mode {other:?}: expected open or closed"
+        )),
     }
 }
 
@@ -478,7 +489,11 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
     };
 
     // [server]
-    let addr = |ck: &mut Checker<'_>, v: &Option<Spanned<String>>, field: &str, default: &str| -> SocketAddr {
+    let addr = |ck: &mut Checker<'_>,
+                v: &Option<Spanned<String>>,
+                field: &str,
+                default: &str|
+     -> SocketAddr {
         let fallback: SocketAddr = default.parse().expect("default address");
         match v {
             None => fallback,
@@ -509,9 +524,23 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
             Some(n) => *n.get_ref(),
         }
     };
-    let max_body_bytes = bounded(&s.max_body_bytes, "server.max_body_bytes", 16 * 1024, 16 * 1024 * 1024) as usize;
-    let max_policies = bounded(&s.max_policies_per_check, "server.max_policies_per_check", 16, 256) as usize;
-    let dur = |ck: &mut Checker<'_>, v: &Option<Spanned<String>>, field: &str, default: Duration| -> Duration {
+    let max_body_bytes = bounded(
+        &s.max_body_bytes,
+        "server.max_body_bytes",
+        16 * 1024,
+        16 * 1024 * 1024,
+    ) as usize;
+    let max_policies = bounded(
+        &s.max_policies_per_check,
+        "server.max_policies_per_check",
+        16,
+        256,
+    ) as usize;
+    let dur = |ck: &mut Checker<'_>,
+               v: &Option<Spanned<String>>,
+               field: &str,
+               default: Duration|
+     -> Duration {
         match v {
             None => default,
             Some(s) => duration(s.get_ref()).unwrap_or_else(|e| {
@@ -526,7 +555,12 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
         "server.shutdown_grace",
         Duration::from_secs(10),
     );
-    let reload_poll = dur(&mut ck, &s.reload_poll, "server.reload_poll", Duration::from_secs(2));
+    let reload_poll = dur(
+        &mut ck,
+        &s.reload_poll,
+        "server.reload_poll",
+        Duration::from_secs(2),
+    );
 
     // [store]
     let st = &raw.store;
@@ -539,7 +573,12 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
             u.get_ref().clone()
         }
     };
-    let timeout = dur(&mut ck, &st.timeout, "store.timeout", Duration::from_millis(50));
+    let timeout = dur(
+        &mut ck,
+        &st.timeout,
+        "store.timeout",
+        Duration::from_millis(50),
+    );
     if timeout.is_zero() {
         ck.at(
             st.timeout.as_ref().map_or(0..0, |t| t.span()),
@@ -577,21 +616,24 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
     };
 
     // Secrets.
-    let admin_token = raw.admin_token.as_ref().and_then(|t| match secret(t.get_ref()) {
-        Ok(v) if v.is_empty() => {
-            ck.at(
-                t.span(),
-                "admin_token",
-                "must not be empty (omit it to leave admin endpoints open)",
-            );
-            None
-        }
-        Ok(v) => Some(v),
-        Err(e) => {
-            ck.at(t.span(), "admin_token", e);
-            None
-        }
-    });
+    let admin_token = raw
+        .admin_token
+        .as_ref()
+        .and_then(|t| match secret(t.get_ref()) {
+            Ok(v) if v.is_empty() => {
+                ck.at(
+                    t.span(),
+                    "admin_token",
+                    "must not be empty (omit it to leave admin endpoints open)",
+                );
+                None
+            }
+            Ok(v) => Some(v),
+            Err(e) => {
+                ck.at(t.span(), "admin_token", e);
+                None
+            }
+        });
     let identity_hash_key = match &raw.identity_hash_key {
         None => sluice::core::key::default_hash_key(),
         Some(k) => match secret(k.get_ref()).and_then(|v| hex32(&v)) {
@@ -624,7 +666,11 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
         let rr = r.get_ref();
         let mut ok = true;
         if !rr.prefix.get_ref().starts_with('/') {
-            ck.at(rr.prefix.span(), format!("{field}.prefix"), "must start with /");
+            ck.at(
+                rr.prefix.span(),
+                format!("{field}.prefix"),
+                "must start with /",
+            );
             ok = false;
         }
         let mut methods = Vec::new();
@@ -652,7 +698,13 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
             }
         }
         let upstream = match rr.upstream.get_ref().parse::<http::Uri>() {
-            Ok(u) if u.scheme_str() == Some("http") && u.authority().is_some() && u.query().is_none() => Some(u),
+            Ok(u)
+                if u.scheme_str() == Some("http")
+                    && u.authority().is_some()
+                    && u.query().is_none() =>
+            {
+                Some(u)
+            }
             Ok(u) if u.scheme_str() == Some("https") => {
                 ck.at(rr.upstream.span(), format!("{field}.upstream"), format!("{u}: https upstreams are not supported; terminate TLS in front of the upstream or use plain http on a private network"));
                 None
@@ -695,18 +747,18 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
             );
         }
     }
-    let upstream_timeout = raw
-        .proxy
-        .upstream_timeout
-        .as_ref()
-        .and_then(|t| match duration(t.get_ref()) {
-            Ok(d) if !d.is_zero() => Some(d),
-            Ok(_) => None,
-            Err(e) => {
-                ck.at(t.span(), "proxy.upstream_timeout", e);
-                None
-            }
-        });
+    let upstream_timeout =
+        raw.proxy
+            .upstream_timeout
+            .as_ref()
+            .and_then(|t| match duration(t.get_ref()) {
+                Ok(d) if !d.is_zero() => Some(d),
+                Ok(_) => None,
+                Err(e) => {
+                    ck.at(t.span(), "proxy.upstream_timeout", e);
+                    None
+                }
+            });
 
     // [envoy]
     let mut domain_files: Vec<DomainFile> = Vec::new();
@@ -843,26 +895,31 @@ fn check_policy(
             }
         }
     };
-    let window = |ck: &mut Checker<'_>, v: &Option<Spanned<String>>, k: &str, default: Option<u64>| -> u64 {
-        match (v, default) {
-            (Some(s), _) => match parse_duration_ms(s.get_ref()) {
-                Ok(0) => {
-                    ck.at(s.span(), f(k), "must be above 0");
+    let window =
+        |ck: &mut Checker<'_>, v: &Option<Spanned<String>>, k: &str, default: Option<u64>| -> u64 {
+            match (v, default) {
+                (Some(s), _) => match parse_duration_ms(s.get_ref()) {
+                    Ok(0) => {
+                        ck.at(s.span(), f(k), "must be above 0");
+                        1
+                    }
+                    Ok(ms) => ms,
+                    Err(e) => {
+                        ck.at(s.span(), f(k), e.to_string());
+                        1
+                    }
+                },
+                (None, Some(d)) => d,
+                (None, None) => {
+                    ck.at(
+                        header.clone(),
+                        f(k),
+                        format!("{alg_name} needs {k} (such as 10s, 1m)"),
+                    );
                     1
                 }
-                Ok(ms) => ms,
-                Err(e) => {
-                    ck.at(s.span(), f(k), e.to_string());
-                    1
-                }
-            },
-            (None, Some(d)) => d,
-            (None, None) => {
-                ck.at(header.clone(), f(k), format!("{alg_name} needs {k} (such as 10s, 1m)"));
-                1
             }
-        }
-    };
+        };
     let algorithm = match alg_name {
         "token-bucket" => Algorithm::TokenBucket {
             capacity: need_u64(ck, &r.capacity, "capacity"),
@@ -880,7 +937,9 @@ fn check_policy(
                     ck.at(
                         span,
                         f("mode"),
-                        format!("unknown leaky-bucket mode {other:?}: expected policing or shaping"),
+                        format!(
+                            "unknown leaky-bucket mode {other:?}: expected policing or shaping"
+                        ),
                     );
                     LeakyMode::Policing
                 }
@@ -1081,7 +1140,10 @@ rate_limit = { unit = "minute", requests_per_unit = 10 }
         );
         assert!(matches!(burst.identity, IdentitySource::ApiKey(_)));
         assert_eq!(c.routes[0].prefix, "/api/v2/", "longest prefix first");
-        assert_eq!(c.routes[1].methods, vec![http::Method::GET, http::Method::POST]);
+        assert_eq!(
+            c.routes[1].methods,
+            vec![http::Method::GET, http::Method::POST]
+        );
         assert!(c.domains.has("edge"));
         assert_eq!(c.identity_hash_key[1], 1);
     }
@@ -1103,17 +1165,30 @@ rate_limit = { unit = "minute", requests_per_unit = 10 }
     #[test]
     fn unknown_fields_name_line_and_field() {
         let e = one("[store]\nurl = \"memory\"\ntimeuot = \"5ms\"\n");
-        assert!(e.starts_with("sluice.toml:3: store.timeuot: unknown field"), "{e}");
+        assert!(
+            e.starts_with("sluice.toml:3: store.timeuot: unknown field"),
+            "{e}"
+        );
         let e = one("[policies.a]\nalgorithm = \"gcra\"\nrate = \"1/s\"\nbrust = 3\n");
-        assert!(e.starts_with("sluice.toml:4: policies.a.brust: unknown field"), "{e}");
+        assert!(
+            e.starts_with("sluice.toml:4: policies.a.brust: unknown field"),
+            "{e}"
+        );
     }
 
     #[test]
     fn wrong_types_name_line_and_field() {
-        let e = one("[policies.a]\nalgorithm = \"token-bucket\"\ncapacity = \"ten\"\nrate = \"1/s\"\n");
-        assert!(e.starts_with("sluice.toml:3: policies.a.capacity: invalid type"), "{e}");
+        let e =
+            one("[policies.a]\nalgorithm = \"token-bucket\"\ncapacity = \"ten\"\nrate = \"1/s\"\n");
+        assert!(
+            e.starts_with("sluice.toml:3: policies.a.capacity: invalid type"),
+            "{e}"
+        );
         let e = one("[server]\nmax_body_bytes = -1\n");
-        assert!(e.starts_with("sluice.toml:2: server.max_body_bytes:"), "{e}");
+        assert!(
+            e.starts_with("sluice.toml:2: server.max_body_bytes:"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1124,7 +1199,10 @@ rate_limit = { unit = "minute", requests_per_unit = 10 }
             "{e}"
         );
         let e = one("[[routes]]\nprefix = \"/\"\n");
-        assert!(e.starts_with("sluice.toml:1: routes[0].upstream: missing field"), "{e}");
+        assert!(
+            e.starts_with("sluice.toml:1: routes[0].upstream: missing field"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -1168,7 +1246,10 @@ timeout = \"fast\"
         ];
         assert_eq!(e.len(), want.len(), "{e:#?}");
         for (got, want) in e.iter().zip(want) {
-            assert!(got.starts_with(want), "{got}\n  does not start with\n{want}");
+            assert!(
+                got.starts_with(want),
+                "{got}\n  does not start with\n{want}"
+            );
         }
     }
 
@@ -1226,11 +1307,17 @@ key = \"k\"
 rate_limit = { unit = \"fortnight\", requests_per_unit = 1 }
 ";
         let e = one(src);
-        assert!(e.contains("sluice.toml:5:") || e.contains("sluice.toml:3:"), "{e}");
+        assert!(
+            e.contains("sluice.toml:5:") || e.contains("sluice.toml:3:"),
+            "{e}"
+        );
         assert!(e.contains("fortnight"), "{e}");
         let dup = "[[envoy.domains]]\ndomain = \"a\"\n[[envoy.domains]]\ndomain = \"a\"\n";
         let e = one(dup);
-        assert!(e.starts_with("sluice.toml:1: envoy.domains: duplicate domain"), "{e}");
+        assert!(
+            e.starts_with("sluice.toml:1: envoy.domains: duplicate domain"),
+            "{e}"
+        );
     }
 
     #[test]

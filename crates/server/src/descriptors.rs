@@ -140,8 +140,12 @@ impl std::str::FromStr for EnvoyAlgorithm {
     fn from_str(s: &str) -> Result<Self, String> {
         Ok(match s {
             "fixed-window" | "fixed_window" => EnvoyAlgorithm::FixedWindow,
-            "sliding-counter" | "sliding-window-counter" | "sliding_window_counter" => EnvoyAlgorithm::SlidingCounter,
-            "sliding-log" | "sliding-window-log" | "sliding_window_log" => EnvoyAlgorithm::SlidingLog,
+            "sliding-counter" | "sliding-window-counter" | "sliding_window_counter" => {
+                EnvoyAlgorithm::SlidingCounter
+            }
+            "sliding-log" | "sliding-window-log" | "sliding_window_log" => {
+                EnvoyAlgorithm::SlidingLog
+            }
             "token-bucket" | "token_bucket" => EnvoyAlgorithm::TokenBucket,
             "gcra" => EnvoyAlgorithm::Gcra,
             "leaky-bucket" | "leaky_bucket" => EnvoyAlgorithm::LeakyBucket,
@@ -172,8 +176,14 @@ impl EnvoyAlgorithm {
                 limit: rpu,
                 window_ms: unit_ms,
             },
-            EnvoyAlgorithm::TokenBucket => Algorithm::TokenBucket { capacity: rpu, rate },
-            EnvoyAlgorithm::Gcra => Algorithm::Gcra { rate, burst: rpu - 1 },
+            EnvoyAlgorithm::TokenBucket => Algorithm::TokenBucket {
+                capacity: rpu,
+                rate,
+            },
+            EnvoyAlgorithm::Gcra => Algorithm::Gcra {
+                rate,
+                burst: rpu - 1,
+            },
             EnvoyAlgorithm::LeakyBucket => Algorithm::LeakyBucket {
                 capacity: rpu,
                 rate,
@@ -205,7 +215,10 @@ impl TryFrom<Vec<DescriptorFile>> for DescriptorList {
         let mut seen = std::collections::HashSet::new();
         for d in &v {
             if !seen.insert(d.composite_key()) {
-                return Err(format!("duplicate descriptor composite key {:?}", d.composite_key()));
+                return Err(format!(
+                    "duplicate descriptor composite key {:?}",
+                    d.composite_key()
+                ));
             }
         }
         Ok(DescriptorList(v))
@@ -332,10 +345,14 @@ impl TryFrom<RawRateLimit> for RateLimitFile {
             }
             None
         } else {
-            let unit: Unit = match &r.unit {
-                Some(u) => u.parse()?,
-                None => return Err("rate_limit needs a unit (second, minute, hour, day, week, month, year)".into()),
-            };
+            let unit: Unit =
+                match &r.unit {
+                    Some(u) => u.parse()?,
+                    None => return Err(
+                        "rate_limit needs a unit (second, minute, hour, day, week, month, year)"
+                            .into(),
+                    ),
+                };
             let rpu = r.requests_per_unit.unwrap_or(0);
             if rpu > 0 {
                 algorithm
@@ -452,7 +469,10 @@ impl Domains {
             load(&mut root, &f.domain, &f.descriptors.0, global_shadow);
             roots.insert(f.domain.clone(), root);
         }
-        Ok(Domains { roots, global_shadow })
+        Ok(Domains {
+            roots,
+            global_shadow,
+        })
     }
 
     /// The domain names.
@@ -507,9 +527,9 @@ fn load(node: &mut Node, parent: &str, descriptors: &[DescriptorFile], global_sh
         let ck = d.composite_key();
         let full_key = format!("{parent}.{ck}");
         let limit = d.rate_limit.as_ref().map(|rl| {
-            let policy = rl
-                .limit
-                .and_then(|(rpu, unit)| build_policy(rl.name.as_deref(), rl.algorithm, rpu, unit, shadow));
+            let policy = rl.limit.and_then(|(rpu, unit)| {
+                build_policy(rl.name.as_deref(), rl.algorithm, rpu, unit, shadow)
+            });
             Arc::new(Limit {
                 full_key: full_key.clone(),
                 name: rl.name.clone(),
@@ -603,29 +623,40 @@ pub enum Plan {
 /// Plans a request: finds each descriptor's limit (or builds the override), applies
 /// `replaces`, and works out the cost (`hits_addend` 0 means 1; a per-descriptor value wins,
 /// and an explicit 0 there only checks).
-pub fn plan(domains: &Domains, domain: &str, request_hits: u32, descriptors: &[RequestDescriptor<'_>]) -> Vec<Plan> {
-    let request_cost = if request_hits == 0 { 1 } else { u64::from(request_hits) };
+pub fn plan(
+    domains: &Domains,
+    domain: &str,
+    request_hits: u32,
+    descriptors: &[RequestDescriptor<'_>],
+) -> Vec<Plan> {
+    let request_cost = if request_hits == 0 {
+        1
+    } else {
+        u64::from(request_hits)
+    };
     let mut limits: Vec<Option<Arc<Limit>>> = Vec::with_capacity(descriptors.len());
     for d in descriptors {
         let limit = match d.limit_override {
             // As in the reference service: an override applies within a configured domain,
             // with no shadow mode (unless everything is shadow) and no name.
-            Some((rpu, unit)) if domains.has(domain) => Unit::from_override_proto(unit).map(|unit| {
-                Arc::new(Limit {
-                    full_key: format!("{domain}.override"),
-                    name: None,
-                    limit: Some((rpu, unit)),
-                    replaces: vec![],
-                    shadow: domains.global_shadow,
-                    policy: build_policy(
-                        Some("override"),
-                        EnvoyAlgorithm::FixedWindow,
-                        rpu,
-                        unit,
-                        domains.global_shadow,
-                    ),
+            Some((rpu, unit)) if domains.has(domain) => {
+                Unit::from_override_proto(unit).map(|unit| {
+                    Arc::new(Limit {
+                        full_key: format!("{domain}.override"),
+                        name: None,
+                        limit: Some((rpu, unit)),
+                        replaces: vec![],
+                        shadow: domains.global_shadow,
+                        policy: build_policy(
+                            Some("override"),
+                            EnvoyAlgorithm::FixedWindow,
+                            rpu,
+                            unit,
+                            domains.global_shadow,
+                        ),
+                    })
                 })
-            }),
+            }
             _ => domains.lookup(domain, &d.entries),
         };
         limits.push(limit);
@@ -640,7 +671,9 @@ pub fn plan(domains: &Domains, domain: &str, request_hits: u32, descriptors: &[R
         .iter()
         .zip(descriptors)
         .map(|(limit, d)| {
-            let Some(limit) = limit else { return Plan::NoLimit };
+            let Some(limit) = limit else {
+                return Plan::NoLimit;
+            };
             if limit.limit.is_none() {
                 return Plan::Unlimited;
             }
@@ -700,8 +733,14 @@ descriptors:
     #[test]
     fn key_only_matches_any_value() {
         let d = domains(REFERENCE);
-        assert_eq!(rpu(d.lookup("edge", &[("remote_address", "10.0.0.1")])), Some(10));
-        assert_eq!(rpu(d.lookup("edge", &[("remote_address", "10.0.0.2")])), Some(10));
+        assert_eq!(
+            rpu(d.lookup("edge", &[("remote_address", "10.0.0.1")])),
+            Some(10)
+        );
+        assert_eq!(
+            rpu(d.lookup("edge", &[("remote_address", "10.0.0.2")])),
+            Some(10)
+        );
         assert!(d.lookup("other", &[("remote_address", "1")]).is_none());
     }
 
@@ -723,19 +762,33 @@ descriptors:
     #[test]
     fn nested_limits_need_full_depth() {
         let d = domains(REFERENCE);
-        assert_eq!(rpu(d.lookup("edge", &[("client", "a"), ("plan", "gold")])), Some(1000));
-        assert_eq!(rpu(d.lookup("edge", &[("client", "a"), ("plan", "free")])), Some(10));
+        assert_eq!(
+            rpu(d.lookup("edge", &[("client", "a"), ("plan", "gold")])),
+            Some(1000)
+        );
+        assert_eq!(
+            rpu(d.lookup("edge", &[("client", "a"), ("plan", "free")])),
+            Some(10)
+        );
         // The descriptor stops above the limit: nothing applies.
         assert!(d.lookup("edge", &[("client", "a")]).is_none());
         // The request is deeper than the config: nothing applies.
-        assert!(d.lookup("edge", &[("remote_address", "1"), ("x", "y")]).is_none());
+        assert!(
+            d.lookup("edge", &[("remote_address", "1"), ("x", "y")])
+                .is_none()
+        );
     }
 
     #[test]
     fn algorithm_extension_and_default() {
         let d = domains(REFERENCE);
-        let gold = d.lookup("edge", &[("client", "a"), ("plan", "gold")]).unwrap();
-        assert_eq!(gold.policy.as_ref().unwrap().algorithm.kind(), "token-bucket");
+        let gold = d
+            .lookup("edge", &[("client", "a"), ("plan", "gold")])
+            .unwrap();
+        assert_eq!(
+            gold.policy.as_ref().unwrap().algorithm.kind(),
+            "token-bucket"
+        );
         let ip = d.lookup("edge", &[("remote_address", "1")]).unwrap();
         assert_eq!(
             ip.policy.as_ref().unwrap().algorithm,
@@ -744,7 +797,10 @@ descriptors:
                 window_ms: 60_000
             }
         );
-        assert_eq!(ip.policy.as_ref().unwrap().name, "envoy.fixed-window.10.minute");
+        assert_eq!(
+            ip.policy.as_ref().unwrap().name,
+            "envoy.fixed-window.10.minute"
+        );
     }
 
     fn desc<'a>(entries: &[(&'a str, &'a str)]) -> RequestDescriptor<'a> {
@@ -763,7 +819,11 @@ descriptors:
             other => panic!("{other:?}"),
         };
         let ip = desc(&[("remote_address", "1")]);
-        assert_eq!(cost(&plan(&d, "edge", 0, std::slice::from_ref(&ip))[0]), 1, "0 means 1");
+        assert_eq!(
+            cost(&plan(&d, "edge", 0, std::slice::from_ref(&ip))[0]),
+            1,
+            "0 means 1"
+        );
         assert_eq!(cost(&plan(&d, "edge", 3, std::slice::from_ref(&ip))[0]), 3);
         let mut own = ip.clone();
         own.hits_addend = Some(5);
@@ -773,7 +833,11 @@ descriptors:
             "descriptor overrides request"
         );
         own.hits_addend = Some(0);
-        assert_eq!(cost(&plan(&d, "edge", 3, &[own])[0]), 0, "explicit 0 only checks");
+        assert_eq!(
+            cost(&plan(&d, "edge", 3, &[own])[0]),
+            0,
+            "explicit 0 only checks"
+        );
     }
 
     #[test]
@@ -782,7 +846,9 @@ descriptors:
         let mut o = desc(&[("remote_address", "1")]);
         o.limit_override = Some((3, 2));
         let p = plan(&d, "edge", 0, &[o.clone()]);
-        let Plan::Check { limit, .. } = &p[0] else { panic!() };
+        let Plan::Check { limit, .. } = &p[0] else {
+            panic!()
+        };
         assert_eq!(limit.limit, Some((3, Unit::Minute)));
         // Even where nothing is configured, but only in a known domain.
         let mut unmatched = desc(&[("nothing", "x")]);
@@ -791,7 +857,10 @@ descriptors:
             plan(&d, "edge", 0, &[unmatched.clone()])[0],
             Plan::Check { .. }
         ));
-        assert!(matches!(plan(&d, "unknown", 0, &[unmatched])[0], Plan::NoLimit));
+        assert!(matches!(
+            plan(&d, "unknown", 0, &[unmatched])[0],
+            Plan::NoLimit
+        ));
     }
 
     #[test]
@@ -802,7 +871,10 @@ descriptors:
         let p = plan(&d, "edge", 0, &[login.clone(), gold]);
         assert!(matches!(p[0], Plan::NoLimit));
         assert!(matches!(p[1], Plan::Check { .. }));
-        assert!(matches!(plan(&d, "edge", 0, &[login])[0], Plan::Check { .. }));
+        assert!(matches!(
+            plan(&d, "edge", 0, &[login])[0],
+            Plan::Check { .. }
+        ));
     }
 
     #[test]
@@ -817,7 +889,9 @@ descriptors:
             Plan::Zero(_)
         ));
         let p = plan(&d, "edge", 0, &[desc(&[("trial", "x")])]);
-        let Plan::Check { limit, .. } = &p[0] else { panic!() };
+        let Plan::Check { limit, .. } = &p[0] else {
+            panic!()
+        };
         assert!(limit.shadow && limit.policy.as_ref().unwrap().shadow);
     }
 
@@ -837,8 +911,7 @@ descriptors:
 
     #[test]
     fn file_errors_carry_lines() {
-        let bad =
-            "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n";
+        let bad = "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n";
         let e = serde_yaml::from_str::<DomainFile>(bad).unwrap_err();
         assert!(e.to_string().contains("fortnight"), "{e}");
         assert!(e.location().is_some());

@@ -85,10 +85,12 @@ pub struct BoundAddrs {
 }
 
 async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, ServeError> {
-    TcpListener::bind(addr).await.map_err(|source| ServeError::Io {
-        what: format!("binding the {what} listener to {addr}"),
-        source,
-    })
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| ServeError::Io {
+            what: format!("binding the {what} listener to {addr}"),
+            source,
+        })
 }
 
 impl Listeners {

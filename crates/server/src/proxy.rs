@@ -27,7 +27,9 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use parking_lot::Mutex;
 use sluice_http::headers::HeaderOptions;
-use sluice_http::{ClientIpConfig, IdentitySource as LayerSource, RateLimitLayer, Rule, TrustedProxies};
+use sluice_http::{
+    ClientIpConfig, IdentitySource as LayerSource, RateLimitLayer, Rule, TrustedProxies,
+};
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
 
@@ -80,7 +82,9 @@ fn layer_source(config: &Config, s: &IdentitySource) -> Option<LayerSource> {
                     .map(|v| sluice::Identity::new(format!("hdr:{v}")))
             }))
         }
-        IdentitySource::Global => Some(LayerSource::custom(|_| Some(sluice::Identity::new("global")))),
+        IdentitySource::Global => Some(LayerSource::custom(|_| {
+            Some(sluice::Identity::new("global"))
+        })),
     }
 }
 
@@ -100,15 +104,18 @@ fn build_table(rt: &Runtime, client: &HttpClient) -> Table {
         let upstream = route.upstream.clone();
         let client = client.clone();
         let timeout = config.proxy.upstream_timeout;
-        let mut service: RouteService = BoxCloneSyncService::new(tower::service_fn(move |req: Request| {
-            let client = client.clone();
-            let upstream = upstream.clone();
-            async move { Ok::<_, Infallible>(forward(&client, &upstream, timeout, req).await) }
-        }));
+        let mut service: RouteService =
+            BoxCloneSyncService::new(tower::service_fn(move |req: Request| {
+                let client = client.clone();
+                let upstream = upstream.clone();
+                async move { Ok::<_, Infallible>(forward(&client, &upstream, timeout, req).await) }
+            }));
         // One layer per identity source, in the order the policies are listed (first is outermost).
         let mut groups: Vec<(IdentitySource, Vec<Arc<sluice::Policy>>)> = Vec::new();
         for name in &route.policies {
-            let Some(pc) = config.policies.get(name) else { continue };
+            let Some(pc) = config.policies.get(name) else {
+                continue;
+            };
             match groups.iter_mut().find(|g| g.0 == pc.identity) {
                 Some(g) => g.1.push(Arc::clone(&pc.policy)),
                 None => groups.push((pc.identity.clone(), vec![Arc::clone(&pc.policy)])),
@@ -128,7 +135,9 @@ fn build_table(rt: &Runtime, client: &HttpClient) -> Table {
                 b = b.identity(s);
             }
             let layered = b.build().layer(service);
-            service = BoxCloneSyncService::new(layered.map_response(|res: http::Response<_>| res.map(Body::new)));
+            service = BoxCloneSyncService::new(
+                layered.map_response(|res: http::Response<_>| res.map(Body::new)),
+            );
         }
         routes.push((route.clone(), service));
     }
@@ -141,7 +150,8 @@ fn build_table(rt: &Runtime, client: &HttpClient) -> Table {
 fn prefix_matches(prefix: &str, path: &str) -> bool {
     prefix == "/"
         || path == prefix
-        || (path.starts_with(prefix) && (prefix.ends_with('/') || path.as_bytes().get(prefix.len()) == Some(&b'/')))
+        || (path.starts_with(prefix)
+            && (prefix.ends_with('/') || path.as_bytes().get(prefix.len()) == Some(&b'/')))
 }
 
 /// Headers that describe one connection, not the message; never forwarded.
@@ -180,16 +190,31 @@ fn upstream_uri(upstream: &Uri, original: &Uri) -> Option<Uri> {
     Uri::from_parts(parts).ok()
 }
 
-async fn forward(client: &HttpClient, upstream: &Uri, timeout: Option<Duration>, req: Request) -> Response {
-    let peer = req.extensions().get::<ConnectInfo<SocketAddr>>().map(|c| c.0);
+async fn forward(
+    client: &HttpClient,
+    upstream: &Uri,
+    timeout: Option<Duration>,
+    req: Request,
+) -> Response {
+    let peer = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|c| c.0);
     let (mut parts, body) = req.into_parts();
     let Some(uri) = upstream_uri(upstream, &parts.uri) else {
-        return problem(StatusCode::BAD_REQUEST, "the request path cannot be forwarded");
+        return problem(
+            StatusCode::BAD_REQUEST,
+            "the request path cannot be forwarded",
+        );
     };
     strip_hop_by_hop(&mut parts.headers);
     if let Some(peer) = peer {
         let ip = peer.ip().to_canonical().to_string();
-        let value = match parts.headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        let value = match parts
+            .headers
+            .get("x-forwarded-for")
+            .and_then(|v| v.to_str().ok())
+        {
             Some(prev) if !prev.trim().is_empty() => format!("{prev}, {ip}"),
             _ => ip,
         };
@@ -239,13 +264,16 @@ async fn dispatch(State(state): State<ProxyState>, req: Request) -> Response {
     let table = state.table(&rt);
     let path = req.uri().path().to_string();
     let method = req.method().clone();
-    let found = table
-        .routes
-        .iter()
-        .find(|(r, _)| prefix_matches(&r.prefix, &path) && (r.methods.is_empty() || r.methods.contains(&method)));
+    let found = table.routes.iter().find(|(r, _)| {
+        prefix_matches(&r.prefix, &path) && (r.methods.is_empty() || r.methods.contains(&method))
+    });
     let Some((route, service)) = found else {
-        metrics::counter!("sluice_proxy_requests_total", "route" => "none", "status" => "404").increment(1);
-        return problem(StatusCode::NOT_FOUND, &format!("no route for {method} {path}"));
+        metrics::counter!("sluice_proxy_requests_total", "route" => "none", "status" => "404")
+            .increment(1);
+        return problem(
+            StatusCode::NOT_FOUND,
+            &format!("no route for {method} {path}"),
+        );
     };
     let prefix = route.prefix.clone();
     let res = match service.clone().oneshot(req).await {
@@ -259,7 +287,8 @@ async fn dispatch(State(state): State<ProxyState>, req: Request) -> Response {
         s if s < 500 => "4xx",
         _ => "5xx",
     };
-    metrics::counter!("sluice_proxy_requests_total", "route" => prefix, "status" => class).increment(1);
+    metrics::counter!("sluice_proxy_requests_total", "route" => prefix, "status" => class)
+        .increment(1);
     res
 }
 
@@ -279,9 +308,12 @@ pub async fn serve(
         table: Arc::new(Mutex::new(None)),
     };
     let router = axum::Router::new().fallback(dispatch).with_state(state);
-    axum::serve(listener, router.into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
 }
 
 #[cfg(test)]
@@ -295,7 +327,9 @@ mod tests {
         assert_eq!(u.to_string(), "http://127.0.0.1:9/base/api/x?y=1");
         let up: Uri = "http://127.0.0.1:9".parse().unwrap();
         assert_eq!(
-            upstream_uri(&up, &"/".parse().unwrap()).unwrap().to_string(),
+            upstream_uri(&up, &"/".parse().unwrap())
+                .unwrap()
+                .to_string(),
             "http://127.0.0.1:9/"
         );
     }

@@ -20,7 +20,9 @@ pub async fn reload(shared: &Shared, trigger: &str) -> Result<u64, Vec<String>> 
     let _guard = shared.reload_guard().await;
     let current = shared.runtime();
     let Some(path) = current.config.path.clone() else {
-        return Err(vec!["this server was started without a configuration file".into()]);
+        return Err(vec![
+            "this server was started without a configuration file".into(),
+        ]);
     };
     let fail = |errors: Vec<String>| {
         for e in &errors {
@@ -56,7 +58,13 @@ pub async fn reload(shared: &Shared, trigger: &str) -> Result<u64, Vec<String>> 
     let routes = config.routes.len();
     let generation = shared.install(config, limiter);
     metrics::counter!("sluice_config_reloads_total", "result" => "ok").increment(1);
-    tracing::info!(trigger, generation, policies, routes, "configuration reloaded");
+    tracing::info!(
+        trigger,
+        generation,
+        policies,
+        routes,
+        "configuration reloaded"
+    );
     Ok(generation)
 }
 

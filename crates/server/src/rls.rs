@@ -14,7 +14,9 @@
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue as EnvoyHeader;
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus, RateLimit};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
@@ -85,14 +87,20 @@ impl RateLimitService for RlsService {
             )));
         }
         if req.domain.is_empty() {
-            return Err(Status::invalid_argument("the rate limit domain must not be empty"));
+            return Err(Status::invalid_argument(
+                "the rate limit domain must not be empty",
+            ));
         }
         let rt = self.shared.runtime();
         let descriptors: Vec<RequestDescriptor<'_>> = req
             .descriptors
             .iter()
             .map(|d| RequestDescriptor {
-                entries: d.entries.iter().map(|e| (e.key.as_str(), e.value.as_str())).collect(),
+                entries: d
+                    .entries
+                    .iter()
+                    .map(|e| (e.key.as_str(), e.value.as_str()))
+                    .collect(),
                 limit_override: d.limit.map(|l| (l.requests_per_unit, l.unit)),
                 // A refund (is_negative_hits) cannot be expressed by every algorithm: only check.
                 hits_addend: if d.is_negative_hits {
@@ -102,7 +110,12 @@ impl RateLimitService for RlsService {
                 },
             })
             .collect();
-        let plans = plan(&rt.config.domains, &req.domain, req.hits_addend, &descriptors);
+        let plans = plan(
+            &rt.config.domains,
+            &req.domain,
+            req.hits_addend,
+            &descriptors,
+        );
         // Metric labels only carry configured domains: the request's own is unbounded.
         let domain_label = if rt.config.domains.has(&req.domain) {
             req.domain.clone()
@@ -115,11 +128,16 @@ impl RateLimitService for RlsService {
             .iter()
             .enumerate()
             .filter_map(|(i, p)| match p {
-                Plan::Check { limit, identity, cost } => limit.policy.as_ref().map(|pol| (i, identity, pol, *cost)),
+                Plan::Check {
+                    limit,
+                    identity,
+                    cost,
+                } => limit.policy.as_ref().map(|pol| (i, identity, pol, *cost)),
                 _ => None,
             })
             .collect();
-        let items: Vec<(&Identity, &Arc<Policy>, u64)> = checks.iter().map(|&(_, id, p, c)| (id, p, c)).collect();
+        let items: Vec<(&Identity, &Arc<Policy>, u64)> =
+            checks.iter().map(|&(_, id, p, c)| (id, p, c)).collect();
         let checked = if items.is_empty() {
             None
         } else {
@@ -142,7 +160,11 @@ impl RateLimitService for RlsService {
                 Plan::Unlimited => ok_status(u32::MAX),
                 Plan::Zero(limit) => {
                     let unit_ms = limit.limit.map_or(1000, |(_, u)| u.ms());
-                    let code = if limit.shadow { Code::Ok } else { Code::OverLimit };
+                    let code = if limit.shadow {
+                        Code::Ok
+                    } else {
+                        Code::OverLimit
+                    };
                     DescriptorStatus {
                         code: code as i32,
                         current_limit: current_limit(limit),
@@ -153,14 +175,16 @@ impl RateLimitService for RlsService {
                 }
                 Plan::Check { limit, .. } => {
                     let pos = checks.iter().position(|c| c.0 == i);
-                    let decision = pos.and_then(|k| checked.as_ref()?.limits.get(k)?.decision.as_ref());
+                    let decision =
+                        pos.and_then(|k| checked.as_ref()?.limits.get(k)?.decision.as_ref());
                     match decision {
                         None => DescriptorStatus {
                             current_limit: current_limit(limit),
                             ..ok_status(0)
                         },
                         Some(d) => {
-                            let denied = !d.allowed && d.reason != Some(DenyReason::OtherLimitDenied);
+                            let denied =
+                                !d.allowed && d.reason != Some(DenyReason::OtherLimitDenied);
                             let code = if denied && !limit.shadow {
                                 Code::OverLimit
                             } else {

@@ -160,12 +160,18 @@ fn describe_metrics() {
         "sluice_config_reloads_total",
         "Configuration reloads by result (ok, error)"
     );
-    metrics::describe_gauge!("sluice_config_generation", "The configuration generation being served");
+    metrics::describe_gauge!(
+        "sluice_config_generation",
+        "The configuration generation being served"
+    );
     metrics::describe_counter!(
         "sluice_rls_requests_total",
         "Envoy ShouldRateLimit calls by domain and overall code"
     );
-    metrics::describe_counter!("sluice_api_requests_total", "Decision API calls by endpoint and status");
+    metrics::describe_counter!(
+        "sluice_api_requests_total",
+        "Decision API calls by endpoint and status"
+    );
     metrics::describe_counter!(
         "sluice_proxy_requests_total",
         "Proxied requests by route and status class"

@@ -40,7 +40,12 @@ shadow = true
 "#;
 
 async fn check(base: &common::TestServer, body: Value) -> Value {
-    let res = client().post(base.url("/v1/check")).json(&body).send().await.unwrap();
+    let res = client()
+        .post(base.url("/v1/check"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 200, "{body}");
     res.json().await.unwrap()
 }
@@ -49,7 +54,11 @@ async fn check(base: &common::TestServer, body: Value) -> Value {
 async fn single_policy_counts_down_then_denies_with_headers() {
     let s = start(CONFIG).await;
     for expect in [2, 1, 0] {
-        let v = check(&s, json!({"policy": "burst", "identity": "user:1", "cost": 1})).await;
+        let v = check(
+            &s,
+            json!({"policy": "burst", "identity": "user:1", "cost": 1}),
+        )
+        .await;
         assert_eq!(v["allowed"], true);
         assert_eq!(v["limit"], 3);
         assert_eq!(v["remaining"], expect);
@@ -71,8 +80,15 @@ async fn single_policy_counts_down_then_denies_with_headers() {
     assert_eq!(v["headers"]["Retry-After"], "60");
     assert_eq!(v["policies"][0]["reason"], "limited");
     // Another identity has its own bucket; cost 0 only looks.
-    let v = check(&s, json!({"policy": "burst", "identity": "user:2", "cost": 0})).await;
-    assert_eq!((v["allowed"].as_bool(), v["remaining"].as_u64()), (Some(true), Some(3)));
+    let v = check(
+        &s,
+        json!({"policy": "burst", "identity": "user:2", "cost": 0}),
+    )
+    .await;
+    assert_eq!(
+        (v["allowed"].as_bool(), v["remaining"].as_u64()),
+        (Some(true), Some(3))
+    );
     s.stop().await;
 }
 
@@ -162,7 +178,9 @@ async fn shadow_policies_count_but_never_deny() {
     let line = metrics
         .lines()
         .find(|l| {
-            l.starts_with("sluice_decisions_total") && l.contains("policy=\"trial\"") && l.contains("shadow_denied")
+            l.starts_with("sluice_decisions_total")
+                && l.contains("policy=\"trial\"")
+                && l.contains("shadow_denied")
         })
         .unwrap_or_else(|| panic!("no shadow_denied line in\n{metrics}"));
     let n: f64 = line.rsplit(' ').next().unwrap().parse().unwrap();
@@ -172,17 +190,30 @@ async fn shadow_policies_count_but_never_deny() {
 
 #[tokio::test]
 async fn global_shadow_never_denies() {
-    let s = start("shadow = true\n[policies.one]\nalgorithm = \"fixed-window\"\nlimit = 1\nwindow = \"1h\"\n").await;
+    let s = start(
+        "shadow = true\n[policies.one]\nalgorithm = \"fixed-window\"\nlimit = 1\nwindow = \"1h\"\n",
+    )
+    .await;
     for i in 0..3 {
         let v = check(&s, json!({"policy": "one", "identity": "x"})).await;
         assert_eq!(v["allowed"], true);
-        assert_eq!(v["policies"][0]["allowed"], i == 0, "the decision is still computed");
+        assert_eq!(
+            v["policies"][0]["allowed"],
+            i == 0,
+            "the decision is still computed"
+        );
         assert_eq!(v["policies"][0]["shadow"], true);
     }
     s.stop().await;
 }
 
-async fn bad(s: &common::TestServer, body: reqwest::Body, content_type: &str, status: u16, needle: &str) {
+async fn bad(
+    s: &common::TestServer,
+    body: reqwest::Body,
+    content_type: &str,
+    status: u16,
+    needle: &str,
+) {
     let res = client()
         .post(s.url("/v1/check"))
         .header("content-type", content_type)
@@ -195,7 +226,10 @@ async fn bad(s: &common::TestServer, body: reqwest::Body, content_type: &str, st
     let v: Value = res.json().await.unwrap();
     assert_eq!(v["status"], status);
     let detail = v["detail"].as_str().unwrap();
-    assert!(detail.contains(needle), "{detail:?} should mention {needle:?}");
+    assert!(
+        detail.contains(needle),
+        "{detail:?} should mention {needle:?}"
+    );
 }
 
 #[tokio::test]
@@ -220,8 +254,16 @@ async fn malformed_requests_get_problem_json() {
             400,
             "\"identity\" must be a string",
         ),
-        (json!({"policy": "burst"}).to_string(), 400, "missing \"identity\""),
-        (json!({"identity": "a"}).to_string(), 400, "missing \"policy\""),
+        (
+            json!({"policy": "burst"}).to_string(),
+            400,
+            "missing \"identity\"",
+        ),
+        (
+            json!({"identity": "a"}).to_string(),
+            400,
+            "missing \"policy\"",
+        ),
         (
             json!({"policy": "burst", "identity": "a", "cost": -1}).to_string(),
             400,
@@ -287,12 +329,17 @@ async fn malformed_requests_get_problem_json() {
             "POST /v1/check HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n",
         );
         for c in big.as_bytes().chunks(100) {
-            req.push_str(&format!("{:x}\r\n{}\r\n", c.len(), std::str::from_utf8(c).unwrap()));
+            req.push_str(&format!(
+                "{:x}\r\n{}\r\n",
+                c.len(),
+                std::str::from_utf8(c).unwrap()
+            ));
         }
         req.push_str("0\r\n\r\n");
         tcp.write_all(req.as_bytes()).await.unwrap();
         let mut out = Vec::new();
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), tcp.read_to_end(&mut out)).await;
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(5), tcp.read_to_end(&mut out))
+            .await;
         let out = String::from_utf8_lossy(&out);
         assert!(out.starts_with("HTTP/1.1 413"), "{out}");
         assert!(out.contains("application/problem+json"), "{out}");
@@ -349,10 +396,20 @@ async fn health_metrics_openapi_and_admin_token() {
     // Admin endpoints need the token.
     let res = c.get(s.url("/metrics")).send().await.unwrap();
     assert_eq!(res.status(), 401);
-    let res = c.get(s.url("/metrics")).bearer_auth("wrong").send().await.unwrap();
+    let res = c
+        .get(s.url("/metrics"))
+        .bearer_auth("wrong")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 401);
     check(&s, json!({"policy": "burst", "identity": "metrics"})).await;
-    let res = c.get(s.url("/metrics")).bearer_auth("s3cret").send().await.unwrap();
+    let res = c
+        .get(s.url("/metrics"))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 200);
     let text = res.text().await.unwrap();
     assert!(
@@ -364,7 +421,14 @@ async fn health_metrics_openapi_and_admin_token() {
         "latency is a histogram:\n{text}"
     );
     assert!(text.contains("sluice_api_requests_total"), "{text}");
-    assert_eq!(c.post(s.url("/admin/reload")).send().await.unwrap().status(), 401);
+    assert_eq!(
+        c.post(s.url("/admin/reload"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        401
+    );
     assert_eq!(c.get(s.url("/nope")).send().await.unwrap().status(), 404);
     s.stop().await;
 }

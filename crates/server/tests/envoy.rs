@@ -55,7 +55,10 @@ impl Envoy {
         let yaml = template
             .replace("port_value: 10000", &format!("port_value: {port}"))
             .replace("port_value: 9901", &format!("port_value: {admin}"))
-            .replace("port_value: 8000", &format!("port_value: {}", upstream.port()))
+            .replace(
+                "port_value: 8000",
+                &format!("port_value: {}", upstream.port()),
+            )
             .replace("port_value: 8081", &format!("port_value: {}", grpc.port()))
             .replace(
                 "failure_mode_deny: false",
@@ -78,7 +81,10 @@ impl Envoy {
             if let Ok(Some(status)) = envoy.child.try_wait() {
                 panic!("envoy exited: {status}");
             }
-            let ready = client().get(format!("http://127.0.0.1:{admin}/ready")).send().await;
+            let ready = client()
+                .get(format!("http://127.0.0.1:{admin}/ready"))
+                .send()
+                .await;
             if ready.is_ok_and(|r| r.status() == 200) {
                 break;
             }
@@ -143,7 +149,14 @@ async fn envoy_enforces_sluice_limits_and_passes_headers() {
         // Envoy's own headers, from the statuses sluice filled in.
         assert_eq!(
             h.get("x-ratelimit-limit")
-                .map(|v| v.to_str().unwrap().split(',').next().unwrap().trim().to_string())
+                .map(|v| v
+                    .to_str()
+                    .unwrap()
+                    .split(',')
+                    .next()
+                    .unwrap()
+                    .trim()
+                    .to_string())
                 .as_deref(),
             Some("3")
         );
@@ -156,7 +169,11 @@ async fn envoy_enforces_sluice_limits_and_passes_headers() {
         .await
         .unwrap();
     assert_eq!(res.status(), 429);
-    let retry: u64 = res.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    let retry: u64 = res.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!((1..=60).contains(&retry), "{retry}");
     assert!(res.headers().contains_key("ratelimit"));
     assert_eq!(res.headers()["x-ratelimit-remaining"], "0");
@@ -225,7 +242,11 @@ async fn store_down_follows_envoy_failure_mode_deny() {
             .send()
             .await
             .unwrap();
-        assert_eq!(res.status(), 200, "failure_mode_deny: false lets traffic through");
+        assert_eq!(
+            res.status(),
+            200,
+            "failure_mode_deny: false lets traffic through"
+        );
         let res = c
             .get(closed.url("/"))
             .header("x-user", format!("c{i}"))

@@ -14,7 +14,9 @@ fn example_configurations_validate() {
     for dir in ["examples", "examples/envoy"] {
         for entry in std::fs::read_dir(repo().join(dir)).unwrap() {
             let path = entry.unwrap().path();
-            if path.extension().is_some_and(|e| e == "toml") && path.file_name().is_some_and(|n| n != "Cargo.toml") {
+            if path.extension().is_some_and(|e| e == "toml")
+                && path.file_name().is_some_and(|n| n != "Cargo.toml")
+            {
                 if let Err(e) = Config::load(&path) {
                     panic!("{} is invalid:\n{e}", path.display());
                 }
@@ -38,11 +40,18 @@ fn validate_exits_non_zero_with_file_and_line() {
         "[policies.a]\nalgorithm = \"token-bucket\"\ncapacity = 5\nrate = \"5/x\"\n",
     )
     .unwrap();
-    let code = sluice_server::cli::validate(sluice_server::cli::ValidateArgs { config: file.clone() });
+    let code = sluice_server::cli::validate(sluice_server::cli::ValidateArgs {
+        config: file.clone(),
+    });
     assert_eq!(code, std::process::ExitCode::from(1));
     let err = Config::load(&file).unwrap_err().to_string();
     assert_eq!(
-        err.lines().next().unwrap().split(": invalid rate").next().unwrap(),
+        err.lines()
+            .next()
+            .unwrap()
+            .split(": invalid rate")
+            .next()
+            .unwrap(),
         format!("{}:4: policies.a.rate", file.display())
     );
     let good = dir.join("good.toml");

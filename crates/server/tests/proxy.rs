@@ -22,7 +22,10 @@ async fn upstream() -> SocketAddr {
                     return None;
                 }
                 tokio::time::sleep(Duration::from_millis(30)).await;
-                Some((Ok::<_, std::io::Error>(bytes::Bytes::from(format!("chunk{i};"))), i + 1))
+                Some((
+                    Ok::<_, std::io::Error>(bytes::Bytes::from(format!("chunk{i};"))),
+                    i + 1,
+                ))
             });
             return axum::response::Response::new(Body::from_stream(chunks));
         }
@@ -113,7 +116,10 @@ async fn proxy_enforces_route_policies_and_forwards() {
         );
         let v: Value = res.json().await.unwrap();
         assert_eq!(v["path"], "/api/items?x=1");
-        assert_eq!(v["xff"], "198.51.100.7, 127.0.0.1", "the client address is appended");
+        assert_eq!(
+            v["xff"], "198.51.100.7, 127.0.0.1",
+            "the client address is appended"
+        );
     }
     let res = c
         .get(s.proxy_url("/api/items"))
@@ -140,7 +146,14 @@ async fn proxy_enforces_route_policies_and_forwards() {
         assert!(res.headers().get("ratelimit").is_none());
     }
     // No route: 404 from the proxy itself.
-    assert_eq!(c.get(s.proxy_url("/elsewhere")).send().await.unwrap().status(), 404);
+    assert_eq!(
+        c.get(s.proxy_url("/elsewhere"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        404
+    );
     s.stop().await;
 }
 
@@ -149,8 +162,9 @@ async fn proxy_streams_bodies_both_ways() {
     let up = upstream().await;
     let s = start(&config(up, 100)).await;
     // A 3 MB upload, streamed by the client in chunks.
-    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> =
-        (0..48).map(|_| Ok(bytes::Bytes::from(vec![b'x'; 65536]))).collect();
+    let chunks: Vec<Result<bytes::Bytes, std::io::Error>> = (0..48)
+        .map(|_| Ok(bytes::Bytes::from(vec![b'x'; 65536])))
+        .collect();
     let body = reqwest::Body::from(
         chunks
             .into_iter()
@@ -226,27 +240,58 @@ async fn reload_applies_valid_changes_and_keeps_state() {
         err.contains("sluice.toml:8: policies.per-key.rate: invalid rate"),
         "{err}"
     );
-    assert_eq!(get("b").await.unwrap().status(), 200, "still serving the old config");
+    assert_eq!(
+        get("b").await.unwrap().status(),
+        200,
+        "still serving the old config"
+    );
 
     // A valid change is picked up by the file watcher (no explicit reload), and the embedded
     // store's state carries over: key "a" still has an empty bucket, a new key gets 3.
     let generation = |v: &Value| v["generation"].as_u64().unwrap();
-    let before: Value = c.get(s.url("/readyz")).send().await.unwrap().json().await.unwrap();
+    let before: Value = c
+        .get(s.url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     std::fs::write(&s.file, config(up, 3)).unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let now: Value = c.get(s.url("/readyz")).send().await.unwrap().json().await.unwrap();
+        let now: Value = c
+            .get(s.url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
         if generation(&now) > generation(&before) {
             break;
         }
-        assert!(Instant::now() < deadline, "the file change was not picked up");
+        assert!(
+            Instant::now() < deadline,
+            "the file change was not picked up"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(get("a").await.unwrap().status(), 429, "state was kept");
     let res = get("c").await.unwrap();
     assert_eq!(res.status(), 200);
-    assert!(res.headers()["ratelimit-policy"].to_str().unwrap().contains("q=3"));
-    assert!(res.headers()["ratelimit"].to_str().unwrap().contains(";r=2;"));
+    assert!(
+        res.headers()["ratelimit-policy"]
+            .to_str()
+            .unwrap()
+            .contains("q=3")
+    );
+    assert!(
+        res.headers()["ratelimit"]
+            .to_str()
+            .unwrap()
+            .contains(";r=2;")
+    );
     s.stop().await;
 }
 
@@ -256,7 +301,14 @@ async fn sighup_reloads() {
     let up = upstream().await;
     let s = start(&config(up, 2).replace("reload_poll = \"100ms\"", "reload_poll = \"0s\"")).await;
     let c = client();
-    let before: Value = c.get(s.url("/readyz")).send().await.unwrap().json().await.unwrap();
+    let before: Value = c
+        .get(s.url("/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
     std::fs::write(
         &s.file,
         config(up, 5).replace("reload_poll = \"100ms\"", "reload_poll = \"0s\""),
@@ -273,7 +325,14 @@ async fn sighup_reloads() {
     );
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let now: Value = c.get(s.url("/readyz")).send().await.unwrap().json().await.unwrap();
+        let now: Value = c
+            .get(s.url("/readyz"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
         if now["generation"].as_u64() > before["generation"].as_u64() {
             break;
         }
@@ -286,7 +345,12 @@ async fn sighup_reloads() {
         .send()
         .await
         .unwrap();
-    assert!(res.headers()["ratelimit-policy"].to_str().unwrap().contains("q=5"));
+    assert!(
+        res.headers()["ratelimit-policy"]
+            .to_str()
+            .unwrap()
+            .contains("q=5")
+    );
     s.stop().await;
 }
 
@@ -295,13 +359,23 @@ async fn concurrency_lease_is_released_after_the_response() {
     let up = upstream().await;
     let s = start(&config(up, 100)).await;
     let c = client();
-    let res = c.post(s.proxy_url("/api/upload")).body("data").send().await.unwrap();
+    let res = c
+        .post(s.proxy_url("/api/upload"))
+        .body("data")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(res.status(), 200);
     res.bytes().await.unwrap();
     // The lease is released once the body ended (on a spawned task): wait for it, bounded.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let res = c.post(s.proxy_url("/api/upload")).body("data").send().await.unwrap();
+        let res = c
+            .post(s.proxy_url("/api/upload"))
+            .body("data")
+            .send()
+            .await
+            .unwrap();
         if res.status() == 200 {
             break;
         }

@@ -4,7 +4,9 @@ mod common;
 
 use common::{Redis, start_with};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{Entry, RateLimitOverride};
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
@@ -114,14 +116,22 @@ async fn limit_reached_and_every_status_field_filled() {
         let st = status(&r);
         assert_eq!(st.code, Code::Ok as i32);
         let limit = st.current_limit.as_ref().unwrap();
-        assert_eq!((limit.requests_per_unit, limit.unit), (3, 2), "3 per MINUTE");
+        assert_eq!(
+            (limit.requests_per_unit, limit.unit),
+            (3, 2),
+            "3 per MINUTE"
+        );
         assert_eq!(st.limit_remaining, left);
         let until = st.duration_until_reset.as_ref().unwrap();
         assert!(until.seconds > 0 || until.nanos > 0);
         assert!(until.seconds <= 60);
         let policy = header(&r, "RateLimit-Policy").unwrap();
         assert!(policy.ends_with(";q=3;w=60"), "{policy}");
-        assert!(header(&r, "RateLimit").unwrap().contains(&format!(";r={left};")));
+        assert!(
+            header(&r, "RateLimit")
+                .unwrap()
+                .contains(&format!(";r={left};"))
+        );
         assert!(header(&r, "Retry-After").is_none());
     }
     let r = ask(&mut c, 0, vec![desc(&[("remote_address", "10.0.0.1")])]).await;
@@ -131,7 +141,12 @@ async fn limit_reached_and_every_status_field_filled() {
     let retry: u64 = header(&r, "Retry-After").unwrap().parse().unwrap();
     assert!((1..=60).contains(&retry));
     // Another value of the key has its own counter.
-    assert!(ok(&ask(&mut c, 0, vec![desc(&[("remote_address", "10.0.0.2")])]).await));
+    assert!(ok(&ask(
+        &mut c,
+        0,
+        vec![desc(&[("remote_address", "10.0.0.2")])]
+    )
+    .await));
     s.stop().await;
 }
 
@@ -194,7 +209,10 @@ async fn wildcards_match_by_prefix_with_a_counter_per_value() {
     let (s, mut c) = server().await;
     let r = ask(&mut c, 0, vec![desc(&[("path", "/static/app.js")])]).await;
     assert!(ok(&r));
-    assert_eq!(status(&r).current_limit.as_ref().unwrap().requests_per_unit, 1);
+    assert_eq!(
+        status(&r).current_limit.as_ref().unwrap().requests_per_unit,
+        1
+    );
     let r = ask(&mut c, 0, vec![desc(&[("path", "/static/app.js")])]).await;
     assert!(!ok(&r));
     let r = ask(&mut c, 0, vec![desc(&[("path", "/static/other.css")])]).await;
@@ -231,7 +249,14 @@ async fn replaces_drops_the_named_limit() {
         let r = ask(&mut c, 0, vec![login.clone(), gold.clone()]).await;
         assert!(ok(&r));
         assert!(r.statuses[0].current_limit.is_none());
-        assert_eq!(r.statuses[1].current_limit.as_ref().unwrap().requests_per_unit, 100);
+        assert_eq!(
+            r.statuses[1]
+                .current_limit
+                .as_ref()
+                .unwrap()
+                .requests_per_unit,
+            100
+        );
     }
     // Alone, it does.
     assert!(ok(&ask(&mut c, 0, vec![login.clone()]).await));
@@ -290,11 +315,18 @@ async fn several_descriptors_each_get_a_status() {
     let r = ask(
         &mut c,
         0,
-        vec![desc(&[("remote_address", "m")]), desc(&[("path", "/login")])],
+        vec![
+            desc(&[("remote_address", "m")]),
+            desc(&[("path", "/login")]),
+        ],
     )
     .await;
     assert_eq!(r.overall_code, Code::OverLimit as i32);
-    assert_eq!(r.statuses[0].code, Code::Ok as i32, "only the exhausted limit is over");
+    assert_eq!(
+        r.statuses[0].code,
+        Code::Ok as i32,
+        "only the exhausted limit is over"
+    );
     assert_eq!(r.statuses[1].code, Code::OverLimit as i32);
     s.stop().await;
 }
@@ -328,7 +360,11 @@ async fn store_failure_is_unavailable() {
     let Some(mut redis) = Redis::start() else {
         panic!("redis-server is needed for this test: run scripts/install-test-deps");
     };
-    let toml = format!("[store]\nurl = \"{}\"\ntimeout = \"100ms\"\n{}", redis.url(), toml());
+    let toml = format!(
+        "[store]\nurl = \"{}\"\ntimeout = \"100ms\"\n{}",
+        redis.url(),
+        toml()
+    );
     let s = start_with(&toml, &[("edge.yaml", DOMAIN)]).await;
     let mut c = RateLimitServiceClient::connect(s.grpc_url()).await.unwrap();
     let r = ask(&mut c, 0, vec![desc(&[("remote_address", "r")])]).await;

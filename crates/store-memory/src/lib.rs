@@ -31,8 +31,8 @@ use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard};
 use sluice_core::algorithm::{self, State, Update};
 use sluice_core::{
-    Algorithm, CheckItem, Clock, Decision, DenyReason, LeaseId, MultiDecision, Store, StoreError, SystemClock,
-    Timestamp,
+    Algorithm, CheckItem, Clock, Decision, DenyReason, LeaseId, MultiDecision, Store, StoreError,
+    SystemClock, Timestamp,
 };
 
 /// The wall clock as of the store's creation, advanced by the CPU's time-stamp counter
@@ -49,7 +49,10 @@ pub struct FastClock {
 impl FastClock {
     /// A clock anchored at the wall clock now.
     pub fn new() -> Self {
-        Self { base_us: SystemClock.now(), start: quanta::Instant::now() }
+        Self {
+            base_us: SystemClock.now(),
+            start: quanta::Instant::now(),
+        }
     }
 }
 
@@ -61,7 +64,10 @@ impl Default for FastClock {
 
 impl Clock for FastClock {
     fn now(&self) -> Timestamp {
-        self.base_us + quanta::Instant::now().saturating_duration_since(self.start).as_micros() as u64
+        self.base_us
+            + quanta::Instant::now()
+                .saturating_duration_since(self.start)
+                .as_micros() as u64
     }
 }
 
@@ -97,7 +103,9 @@ impl Shard {
 
     /// The live state of `key`, or `None` if absent or expired.
     fn live(&self, hash: u64, key: &str, now: Timestamp) -> Option<&State> {
-        self.get(hash, key).filter(|e| e.expires_at > now).map(|e| &e.state)
+        self.get(hash, key)
+            .filter(|e| e.expires_at > now)
+            .map(|e| &e.state)
     }
 
     /// Removes `key`; whether it was held.
@@ -117,7 +125,15 @@ impl Shard {
             s.entry = entry;
             return false;
         }
-        self.map.insert_unique(hash, Slot { hash, key: key.into(), entry }, |s| s.hash);
+        self.map.insert_unique(
+            hash,
+            Slot {
+                hash,
+                key: key.into(),
+                entry,
+            },
+            |s| s.hash,
+        );
         true
     }
 
@@ -169,7 +185,9 @@ impl MemoryStoreBuilder {
     /// The store.
     pub fn build(self) -> MemoryStore {
         MemoryStore {
-            shards: (0..self.shards).map(|_| Mutex::new(Shard::default())).collect(),
+            shards: (0..self.shards)
+                .map(|_| Mutex::new(Shard::default()))
+                .collect(),
             hasher: std::hash::RandomState::new(),
             clock: self.clock,
             max_keys: self.max_keys,
@@ -205,7 +223,11 @@ impl MemoryStore {
 
     /// Configure a store.
     pub fn builder() -> MemoryStoreBuilder {
-        MemoryStoreBuilder { clock: Arc::new(FastClock::new()), shards: DEFAULT_SHARDS, max_keys: None }
+        MemoryStoreBuilder {
+            clock: Arc::new(FastClock::new()),
+            shards: DEFAULT_SHARDS,
+            max_keys: None,
+        }
     }
 
     /// Keys currently held (including expired ones not yet dropped).
@@ -234,7 +256,10 @@ impl MemoryStore {
     pub fn check_one(&self, item: &CheckItem<'_>) -> Decision {
         if matches!(item.algorithm, Algorithm::Concurrency { .. }) && item.cost > 0 {
             let mut d = self.check_many_now(std::slice::from_ref(item));
-            return d.decisions.pop().unwrap_or_else(|| Decision::allow(0, 0, 0));
+            return d
+                .decisions
+                .pop()
+                .unwrap_or_else(|| Decision::allow(0, 0, 0));
         }
         let now = self.clock.now();
         let key = item.key;
@@ -248,7 +273,9 @@ impl MemoryStore {
         };
         let (mut added, mut removed) = (0usize, 0usize);
         match outcome.update {
-            Update::Put { state, expires_at } => added += usize::from(shard.put(hash, key, Entry { state, expires_at })),
+            Update::Put { state, expires_at } => {
+                added += usize::from(shard.put(hash, key, Entry { state, expires_at }))
+            }
             Update::Delete => removed += usize::from(shard.remove(hash, key)),
             Update::Keep if stale => removed += usize::from(shard.remove(hash, key)),
             Update::Keep => {}
@@ -272,7 +299,10 @@ impl MemoryStore {
     pub fn check_now(&self, items: &[CheckItem<'_>]) -> MultiDecision {
         if let [item] = items {
             let d = self.check_one(item);
-            return MultiDecision { allowed: d.allowed, decisions: vec![d] };
+            return MultiDecision {
+                allowed: d.allowed,
+                decisions: vec![d],
+            };
         }
         self.check_many_now(items)
     }
@@ -363,7 +393,14 @@ impl MemoryStore {
         // state, as a cost-0 peek sees it.
         for (i, ((item, &g), &h)) in items.iter().zip(&idx).zip(&hashes).enumerate() {
             if decisions[i].allowed {
-                let peek = algorithm::decide(item.algorithm, guards[g].1.live(h, item.key, now), now, 0, None).decision;
+                let peek = algorithm::decide(
+                    item.algorithm,
+                    guards[g].1.live(h, item.key, now),
+                    now,
+                    0,
+                    None,
+                )
+                .decision;
                 decisions[i] = Decision {
                     allowed: false,
                     retry_after_ms: 0,
@@ -420,7 +457,9 @@ impl MemoryStore {
         if self.len() <= max {
             return;
         }
-        let Some(_evicting) = self.evicting.try_lock() else { return };
+        let Some(_evicting) = self.evicting.try_lock() else {
+            return;
+        };
         for shard in self.shards.iter() {
             let removed = sweep(&mut shard.lock(), now);
             self.keys.fetch_sub(removed, Ordering::Relaxed);
@@ -451,12 +490,17 @@ impl MemoryStore {
                 let before = shard.map.len();
                 shard.map.retain(|s| {
                     let e = &s.entry;
-                    let evict =
-                        excess > 0 && if strictly_before { e.expires_at < cutoff } else { e.expires_at == cutoff };
+                    let evict = excess > 0
+                        && if strictly_before {
+                            e.expires_at < cutoff
+                        } else {
+                            e.expires_at == cutoff
+                        };
                     excess -= usize::from(evict);
                     !evict
                 });
-                self.keys.fetch_sub(before - shard.map.len(), Ordering::Relaxed);
+                self.keys
+                    .fetch_sub(before - shard.map.len(), Ordering::Relaxed);
             }
         }
     }
@@ -481,7 +525,12 @@ impl Store for MemoryStore {
         Ok(self.check_now(items))
     }
 
-    async fn release(&self, key: &str, _algorithm: &Algorithm, lease: &LeaseId) -> Result<bool, StoreError> {
+    async fn release(
+        &self,
+        key: &str,
+        _algorithm: &Algorithm,
+        lease: &LeaseId,
+    ) -> Result<bool, StoreError> {
         Ok(self.release_now(key, lease))
     }
 

@@ -13,11 +13,27 @@ fn algorithm() -> impl Strategy<Value = Algorithm> {
     prop::sample::select(vec![
         Algorithm::TokenBucket { capacity: 4, rate },
         Algorithm::Gcra { rate, burst: 3 },
-        Algorithm::LeakyBucket { capacity: 4, rate, mode: LeakyMode::Shaping },
-        Algorithm::FixedWindow { limit: 5, window_ms: 3000 },
-        Algorithm::SlidingWindowCounter { limit: 5, window_ms: 3000 },
-        Algorithm::SlidingWindowLog { limit: 5, window_ms: 3000 },
-        Algorithm::Concurrency { limit: 3, lease_ms: 2000 },
+        Algorithm::LeakyBucket {
+            capacity: 4,
+            rate,
+            mode: LeakyMode::Shaping,
+        },
+        Algorithm::FixedWindow {
+            limit: 5,
+            window_ms: 3000,
+        },
+        Algorithm::SlidingWindowCounter {
+            limit: 5,
+            window_ms: 3000,
+        },
+        Algorithm::SlidingWindowLog {
+            limit: 5,
+            window_ms: 3000,
+        },
+        Algorithm::Concurrency {
+            limit: 3,
+            lease_ms: 2000,
+        },
     ])
 }
 

@@ -14,7 +14,11 @@ fn store(clock: &ManualClock) -> MemoryStore {
 }
 
 fn one(store: &MemoryStore, key: &str, algorithm: &Algorithm, cost: u64) -> sluice_core::Decision {
-    let d = store.check_now(&[CheckItem { key, algorithm, cost }]);
+    let d = store.check_now(&[CheckItem {
+        key,
+        algorithm,
+        cost,
+    }]);
     d.decisions.into_iter().next().unwrap()
 }
 
@@ -46,20 +50,45 @@ fn hammer(algorithm: Algorithm) {
 
 #[test]
 fn eight_threads_admit_exactly_the_limit() {
-    hammer(Algorithm::TokenBucket { capacity: 10, rate: Rate::per_second(1) });
-    hammer(Algorithm::SlidingWindowLog { limit: 10, window_ms: 60_000 });
-    hammer(Algorithm::FixedWindow { limit: 10, window_ms: 60_000 });
-    hammer(Algorithm::Gcra { rate: Rate::per_second(1), burst: 9 });
-    hammer(Algorithm::SlidingWindowCounter { limit: 10, window_ms: 60_000 });
-    hammer(Algorithm::LeakyBucket { capacity: 10, rate: Rate::per_second(1), mode: LeakyMode::Policing });
-    hammer(Algorithm::Concurrency { limit: 10, lease_ms: 60_000 });
+    hammer(Algorithm::TokenBucket {
+        capacity: 10,
+        rate: Rate::per_second(1),
+    });
+    hammer(Algorithm::SlidingWindowLog {
+        limit: 10,
+        window_ms: 60_000,
+    });
+    hammer(Algorithm::FixedWindow {
+        limit: 10,
+        window_ms: 60_000,
+    });
+    hammer(Algorithm::Gcra {
+        rate: Rate::per_second(1),
+        burst: 9,
+    });
+    hammer(Algorithm::SlidingWindowCounter {
+        limit: 10,
+        window_ms: 60_000,
+    });
+    hammer(Algorithm::LeakyBucket {
+        capacity: 10,
+        rate: Rate::per_second(1),
+        mode: LeakyMode::Policing,
+    });
+    hammer(Algorithm::Concurrency {
+        limit: 10,
+        lease_ms: 60_000,
+    });
 }
 
 #[test]
 fn states_back_at_their_initial_value_are_dropped() {
     let clock = ManualClock::new(T0);
     let store = store(&clock);
-    let tb = Algorithm::TokenBucket { capacity: 5, rate: Rate::per_second(1) };
+    let tb = Algorithm::TokenBucket {
+        capacity: 5,
+        rate: Rate::per_second(1),
+    };
     for i in 0..100 {
         assert!(one(&store, &format!("rl:{{user:{i}}}:tb"), &tb, 1).allowed);
     }
@@ -85,7 +114,10 @@ fn states_back_at_their_initial_value_are_dropped() {
 fn deleting_release_drops_the_key() {
     let clock = ManualClock::new(T0);
     let store = store(&clock);
-    let c = Algorithm::Concurrency { limit: 2, lease_ms: 10_000 };
+    let c = Algorithm::Concurrency {
+        limit: 2,
+        lease_ms: 10_000,
+    };
     let d = one(&store, "rl:{job}:c", &c, 1);
     let lease = d.lease.unwrap();
     assert_eq!(lease.0.len(), 16);
@@ -98,9 +130,15 @@ fn deleting_release_drops_the_key() {
 #[test]
 fn key_cap_evicts_expired_then_soonest_expiring() {
     let clock = ManualClock::new(T0);
-    let store = MemoryStore::builder().clock(Arc::new(clock.clone())).max_keys(100).build();
+    let store = MemoryStore::builder()
+        .clock(Arc::new(clock.clone()))
+        .max_keys(100)
+        .build();
     // Key i expires after i + 1 seconds (fixed window of 1 h, cost i + 1 of a 1000/s bucket).
-    let short = Algorithm::TokenBucket { capacity: 1000, rate: Rate::per_second(1) };
+    let short = Algorithm::TokenBucket {
+        capacity: 1000,
+        rate: Rate::per_second(1),
+    };
     for i in 0..100u64 {
         assert!(one(&store, &format!("rl:{{k:{i}}}:p"), &short, i + 1).allowed);
     }
@@ -135,12 +173,26 @@ fn key_cap_evicts_expired_then_soonest_expiring() {
 fn multi_limit_denial_consumes_nothing() {
     let clock = ManualClock::new(T0);
     let store = store(&clock);
-    let second = Algorithm::TokenBucket { capacity: 10, rate: Rate::per_second(10) };
-    let day = Algorithm::FixedWindow { limit: 12, window_ms: 86_400_000 };
+    let second = Algorithm::TokenBucket {
+        capacity: 10,
+        rate: Rate::per_second(10),
+    };
+    let day = Algorithm::FixedWindow {
+        limit: 12,
+        window_ms: 86_400_000,
+    };
     let check = |cost| {
         store.check_now(&[
-            CheckItem { key: "rl:{user:42}:second", algorithm: &second, cost },
-            CheckItem { key: "rl:{user:42}:day", algorithm: &day, cost },
+            CheckItem {
+                key: "rl:{user:42}:second",
+                algorithm: &second,
+                cost,
+            },
+            CheckItem {
+                key: "rl:{user:42}:day",
+                algorithm: &day,
+                cost,
+            },
         ])
     };
     for _ in 0..10 {
@@ -150,7 +202,10 @@ fn multi_limit_denial_consumes_nothing() {
     assert!(!d.allowed);
     assert_eq!(d.denied_by(), Some(0));
     assert_eq!(d.decisions[1].reason, Some(DenyReason::OtherLimitDenied));
-    assert_eq!((d.decisions[1].remaining, d.decisions[1].retry_after_ms), (2, 0));
+    assert_eq!(
+        (d.decisions[1].remaining, d.decisions[1].retry_after_ms),
+        (2, 0)
+    );
     clock.advance_ms(1000);
     assert!(check(2).allowed);
     let d = check(1);
@@ -163,8 +218,15 @@ fn multi_limit_denial_consumes_nothing() {
 fn the_same_key_twice_in_one_check_counts_twice() {
     let clock = ManualClock::new(T0);
     let store = store(&clock);
-    let w = Algorithm::FixedWindow { limit: 3, window_ms: 1000 };
-    let item = CheckItem { key: "rl:{dup}:w", algorithm: &w, cost: 2 };
+    let w = Algorithm::FixedWindow {
+        limit: 3,
+        window_ms: 1000,
+    };
+    let item = CheckItem {
+        key: "rl:{dup}:w",
+        algorithm: &w,
+        cost: 2,
+    };
     let d = store.check_now(&[item, item]);
     assert!(!d.allowed);
     assert_eq!(d.denied_by(), Some(1));

@@ -132,7 +132,11 @@ async fn flush_mid_run(mode: ScriptMode) {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     // One more check after the last flush: the logic is certainly gone from the server now.
-    let mut admitted = u64::from(one(&store, "rl:{flush}:p", &alg).await.expect("no caller-visible error"));
+    let mut admitted = u64::from(
+        one(&store, "rl:{flush}:p", &alg)
+            .await
+            .expect("no caller-visible error"),
+    );
     flushing.store(false, std::sync::atomic::Ordering::SeqCst);
     for t in tasks {
         admitted += t.await.unwrap();

@@ -127,7 +127,10 @@ async fn hash_tag_injection_keeps_its_own_slot_and_state() {
             cost: 1,
         },
     ];
-    let d = cluster_store.check(&items).await.expect("one-slot check on the cluster");
+    let d = cluster_store
+        .check(&items)
+        .await
+        .expect("one-slot check on the cluster");
     assert!(d.allowed);
 
     for kind in KINDS {

@@ -15,7 +15,8 @@
 use std::sync::Arc;
 
 use sluice_core::{
-    Algorithm, CheckItem, Decision, DenyReason, Identity, KeyScheme, LeakyMode, ManualClock, MultiDecision, Rate, Store,
+    Algorithm, CheckItem, Decision, DenyReason, Identity, KeyScheme, LeakyMode, ManualClock,
+    MultiDecision, Rate, Store,
 };
 
 /// Where every case's clock starts: 2023-11-14T22:13:20Z in µs, a multiple of 10 s.
@@ -96,7 +97,15 @@ pub type Fields = (bool, u64, u64, u64, u64, u64, Option<DenyReason>);
 
 /// `(allowed, limit, remaining, retry_after_ms, reset_after_ms, delay_ms, reason)`.
 pub fn fields(d: &Decision) -> Fields {
-    (d.allowed, d.limit, d.remaining, d.retry_after_ms, d.reset_after_ms, d.delay_ms, d.reason)
+    (
+        d.allowed,
+        d.limit,
+        d.remaining,
+        d.retry_after_ms,
+        d.reset_after_ms,
+        d.delay_ms,
+        d.reason,
+    )
 }
 
 /// One store and clock with a private key space.
@@ -109,7 +118,11 @@ struct Harness {
 
 impl Harness {
     fn new(store: Arc<dyn Store>, clock: ManualClock) -> Self {
-        Self { store, clock, scheme: unique_scheme() }
+        Self {
+            store,
+            clock,
+            scheme: unique_scheme(),
+        }
     }
 
     fn key(&self, identity: &str, policy: &str) -> String {
@@ -117,8 +130,14 @@ impl Harness {
     }
 
     async fn multi(&self, items: &[(&str, &Algorithm, u64)]) -> MultiDecision {
-        let items: Vec<CheckItem<'_>> =
-            items.iter().map(|&(key, algorithm, cost)| CheckItem { key, algorithm, cost }).collect();
+        let items: Vec<CheckItem<'_>> = items
+            .iter()
+            .map(|&(key, algorithm, cost)| CheckItem {
+                key,
+                algorithm,
+                cost,
+            })
+            .collect();
         let d = self.store.check(&items).await.expect("store answers");
         assert_eq!(d.decisions.len(), items.len());
         assert_eq!(d.allowed, d.decisions.iter().all(|d| d.allowed));
@@ -126,11 +145,20 @@ impl Harness {
     }
 
     async fn one(&self, key: &str, algorithm: &Algorithm, cost: u64) -> Decision {
-        self.multi(&[(key, algorithm, cost)]).await.decisions.remove(0)
+        self.multi(&[(key, algorithm, cost)])
+            .await
+            .decisions
+            .remove(0)
     }
 
     /// Checks `(allowed, remaining, retry_after_ms, reset_after_ms)`.
-    async fn expect(&self, key: &str, algorithm: &Algorithm, cost: u64, want: (bool, u64, u64, u64)) -> Decision {
+    async fn expect(
+        &self,
+        key: &str,
+        algorithm: &Algorithm,
+        cost: u64,
+        want: (bool, u64, u64, u64),
+    ) -> Decision {
         let d = self.one(key, algorithm, cost).await;
         assert_eq!(
             (d.allowed, d.remaining, d.retry_after_ms, d.reset_after_ms),
@@ -160,21 +188,67 @@ fn all_algorithms() -> Vec<(&'static str, Algorithm)> {
     vec![
         ("tb", Algorithm::TokenBucket { capacity: 3, rate }),
         ("gcra", Algorithm::Gcra { rate, burst: 2 }),
-        ("lbp", Algorithm::LeakyBucket { capacity: 3, rate, mode: LeakyMode::Policing }),
-        ("lbs", Algorithm::LeakyBucket { capacity: 3, rate, mode: LeakyMode::Shaping }),
-        ("fw", Algorithm::FixedWindow { limit: 3, window_ms: 10_000 }),
-        ("swc", Algorithm::SlidingWindowCounter { limit: 3, window_ms: 10_000 }),
-        ("swl", Algorithm::SlidingWindowLog { limit: 3, window_ms: 10_000 }),
-        ("cc", Algorithm::Concurrency { limit: 3, lease_ms: 10_000 }),
+        (
+            "lbp",
+            Algorithm::LeakyBucket {
+                capacity: 3,
+                rate,
+                mode: LeakyMode::Policing,
+            },
+        ),
+        (
+            "lbs",
+            Algorithm::LeakyBucket {
+                capacity: 3,
+                rate,
+                mode: LeakyMode::Shaping,
+            },
+        ),
+        (
+            "fw",
+            Algorithm::FixedWindow {
+                limit: 3,
+                window_ms: 10_000,
+            },
+        ),
+        (
+            "swc",
+            Algorithm::SlidingWindowCounter {
+                limit: 3,
+                window_ms: 10_000,
+            },
+        ),
+        (
+            "swl",
+            Algorithm::SlidingWindowLog {
+                limit: 3,
+                window_ms: 10_000,
+            },
+        ),
+        (
+            "cc",
+            Algorithm::Concurrency {
+                limit: 3,
+                lease_ms: 10_000,
+            },
+        ),
     ]
 }
 
 /// The guide's token bucket: capacity 5, 1/s, calls at one instant.
 pub async fn token_bucket_guide_sequence(store: Arc<dyn Store>, clock: ManualClock) {
     let h = Harness::new(store, clock);
-    let (k, tb) = (h.key("user:42", "tb"), Algorithm::TokenBucket { capacity: 5, rate: Rate::per_second(1) });
+    let (k, tb) = (
+        h.key("user:42", "tb"),
+        Algorithm::TokenBucket {
+            capacity: 5,
+            rate: Rate::per_second(1),
+        },
+    );
     for (i, remaining) in [4, 3, 2, 1, 0].into_iter().enumerate() {
-        let d = h.expect(&k, &tb, 1, (true, remaining, 0, 1000 * (i as u64 + 1))).await;
+        let d = h
+            .expect(&k, &tb, 1, (true, remaining, 0, 1000 * (i as u64 + 1)))
+            .await;
         assert_eq!((d.limit, d.delay_ms, d.reason, d.lease), (5, 0, None, None));
     }
     let d = h.expect(&k, &tb, 1, (false, 0, 1000, 5000)).await;
@@ -190,9 +264,17 @@ pub async fn token_bucket_guide_sequence(store: Arc<dyn Store>, clock: ManualClo
 /// GCRA 1/s with burst 2 (limit 3), as redis-cell answers in ms.
 pub async fn gcra_sequence(store: Arc<dyn Store>, clock: ManualClock) {
     let h = Harness::new(store, clock);
-    let (k, g) = (h.key("user:42", "gcra"), Algorithm::Gcra { rate: Rate::per_second(1), burst: 2 });
+    let (k, g) = (
+        h.key("user:42", "gcra"),
+        Algorithm::Gcra {
+            rate: Rate::per_second(1),
+            burst: 2,
+        },
+    );
     for (i, remaining) in [2, 1, 0].into_iter().enumerate() {
-        let d = h.expect(&k, &g, 1, (true, remaining, 0, 1000 * (i as u64 + 1))).await;
+        let d = h
+            .expect(&k, &g, 1, (true, remaining, 0, 1000 * (i as u64 + 1)))
+            .await;
         assert_eq!(d.limit, 3);
     }
     h.expect(&k, &g, 1, (false, 0, 1000, 3000)).await;
@@ -209,9 +291,18 @@ pub async fn gcra_sequence(store: Arc<dyn Store>, clock: ManualClock) {
 pub async fn leaky_bucket_policing_sequence(store: Arc<dyn Store>, clock: ManualClock) {
     let h = Harness::new(store, clock);
     let rate = Rate::per_second(1);
-    let (k, lb) = (h.key("user:42", "lbp"), Algorithm::LeakyBucket { capacity: 3, rate, mode: LeakyMode::Policing });
+    let (k, lb) = (
+        h.key("user:42", "lbp"),
+        Algorithm::LeakyBucket {
+            capacity: 3,
+            rate,
+            mode: LeakyMode::Policing,
+        },
+    );
     for (i, remaining) in [2, 1, 0].into_iter().enumerate() {
-        let d = h.expect(&k, &lb, 1, (true, remaining, 0, 1000 * (i as u64 + 1))).await;
+        let d = h
+            .expect(&k, &lb, 1, (true, remaining, 0, 1000 * (i as u64 + 1)))
+            .await;
         assert_eq!((d.limit, d.delay_ms), (3, 0));
     }
     h.clock.advance_ms(250);
@@ -224,9 +315,18 @@ pub async fn leaky_bucket_policing_sequence(store: Arc<dyn Store>, clock: Manual
 pub async fn leaky_bucket_shaping_sequence(store: Arc<dyn Store>, clock: ManualClock) {
     let h = Harness::new(store, clock);
     let rate = Rate::per_second(2);
-    let (k, lb) = (h.key("user:42", "lbs"), Algorithm::LeakyBucket { capacity: 3, rate, mode: LeakyMode::Shaping });
+    let (k, lb) = (
+        h.key("user:42", "lbs"),
+        Algorithm::LeakyBucket {
+            capacity: 3,
+            rate,
+            mode: LeakyMode::Shaping,
+        },
+    );
     for (i, remaining) in [2, 1, 0].into_iter().enumerate() {
-        let d = h.expect(&k, &lb, 1, (true, remaining, 0, 500 * (i as u64 + 1))).await;
+        let d = h
+            .expect(&k, &lb, 1, (true, remaining, 0, 500 * (i as u64 + 1)))
+            .await;
         assert_eq!(d.delay_ms, 500 * i as u64);
     }
     let d = h.expect(&k, &lb, 1, (false, 0, 500, 1500)).await;
@@ -239,7 +339,13 @@ pub async fn leaky_bucket_shaping_sequence(store: Arc<dyn Store>, clock: ManualC
 /// Fixed window: 3 per 10 s aligned to the epoch.
 pub async fn fixed_window_sequence(store: Arc<dyn Store>, clock: ManualClock) {
     let h = Harness::new(store, clock);
-    let (k, fw) = (h.key("user:42", "fw"), Algorithm::FixedWindow { limit: 3, window_ms: 10_000 });
+    let (k, fw) = (
+        h.key("user:42", "fw"),
+        Algorithm::FixedWindow {
+            limit: 3,
+            window_ms: 10_000,
+        },
+    );
     h.clock.advance_ms(1000);
     for remaining in [2, 1, 0] {
         h.expect(&k, &fw, 1, (true, remaining, 0, 9000)).await;
@@ -256,7 +362,13 @@ pub async fn fixed_window_sequence(store: Arc<dyn Store>, clock: ManualClock) {
 /// Sliding window counter: 4 per 10 s; the previous window weighs in by its overlap.
 pub async fn sliding_window_counter_sequence(store: Arc<dyn Store>, clock: ManualClock) {
     let h = Harness::new(store, clock);
-    let (k, swc) = (h.key("user:42", "swc"), Algorithm::SlidingWindowCounter { limit: 4, window_ms: 10_000 });
+    let (k, swc) = (
+        h.key("user:42", "swc"),
+        Algorithm::SlidingWindowCounter {
+            limit: 4,
+            window_ms: 10_000,
+        },
+    );
     for remaining in [3, 2, 1, 0] {
         h.expect(&k, &swc, 1, (true, remaining, 0, 20_000)).await;
     }
@@ -275,7 +387,13 @@ pub async fn sliding_window_counter_sequence(store: Arc<dyn Store>, clock: Manua
 /// The guide's sliding log: 3 per 10 s at one instant, then denied for 10 s.
 pub async fn sliding_window_log_guide_sequence(store: Arc<dyn Store>, clock: ManualClock) {
     let h = Harness::new(store, clock);
-    let (k, swl) = (h.key("user:42", "sw"), Algorithm::SlidingWindowLog { limit: 3, window_ms: 10_000 });
+    let (k, swl) = (
+        h.key("user:42", "sw"),
+        Algorithm::SlidingWindowLog {
+            limit: 3,
+            window_ms: 10_000,
+        },
+    );
     for remaining in [2, 1, 0] {
         h.expect(&k, &swl, 1, (true, remaining, 0, 10_000)).await;
     }
@@ -289,7 +407,13 @@ pub async fn sliding_window_log_guide_sequence(store: Arc<dyn Store>, clock: Man
 /// Sliding log with spaced requests: they leave the window one by one; a cost of 2 waits for two.
 pub async fn sliding_window_log_spaced_sequence(store: Arc<dyn Store>, clock: ManualClock) {
     let h = Harness::new(store, clock);
-    let (k, swl) = (h.key("user:42", "sw"), Algorithm::SlidingWindowLog { limit: 3, window_ms: 10_000 });
+    let (k, swl) = (
+        h.key("user:42", "sw"),
+        Algorithm::SlidingWindowLog {
+            limit: 3,
+            window_ms: 10_000,
+        },
+    );
     for (i, remaining) in [2, 1, 0].into_iter().enumerate() {
         if i > 0 {
             h.clock.advance_ms(1000);
@@ -309,21 +433,45 @@ pub async fn sliding_window_log_spaced_sequence(store: Arc<dyn Store>, clock: Ma
 /// Concurrency: leases are taken, released once, and lapse on their own.
 pub async fn concurrency_acquire_release_expiry(store: Arc<dyn Store>, clock: ManualClock) {
     let h = Harness::new(store, clock);
-    let (k, cc) = (h.key("user:42", "jobs"), Algorithm::Concurrency { limit: 2, lease_ms: 30_000 });
-    let a = h.expect(&k, &cc, 1, (true, 1, 0, 30_000)).await.lease.expect("a lease");
+    let (k, cc) = (
+        h.key("user:42", "jobs"),
+        Algorithm::Concurrency {
+            limit: 2,
+            lease_ms: 30_000,
+        },
+    );
+    let a = h
+        .expect(&k, &cc, 1, (true, 1, 0, 30_000))
+        .await
+        .lease
+        .expect("a lease");
     h.clock.advance_ms(10_000);
-    let b = h.expect(&k, &cc, 1, (true, 0, 0, 30_000)).await.lease.expect("a lease");
+    let b = h
+        .expect(&k, &cc, 1, (true, 0, 0, 30_000))
+        .await
+        .lease
+        .expect("a lease");
     assert_ne!(a, b);
     let d = h.expect(&k, &cc, 1, (false, 0, 20_000, 30_000)).await;
     assert_eq!(d.lease, None);
     assert!(h.store.release(&k, &cc, &a).await.unwrap());
-    assert!(!h.store.release(&k, &cc, &a).await.unwrap(), "a lease is released once");
-    let c = h.expect(&k, &cc, 1, (true, 0, 0, 30_000)).await.lease.expect("a lease");
+    assert!(
+        !h.store.release(&k, &cc, &a).await.unwrap(),
+        "a lease is released once"
+    );
+    let c = h
+        .expect(&k, &cc, 1, (true, 0, 0, 30_000))
+        .await
+        .lease
+        .expect("a lease");
     // b lapses at T0 + 40 s, c at T0 + 40 s too; one ms before, both are held.
     h.clock.advance_ms(29_999);
     h.expect(&k, &cc, 1, (false, 0, 1, 1)).await;
     h.clock.advance_ms(1);
-    assert!(!h.store.release(&k, &cc, &b).await.unwrap(), "a lapsed lease is not held");
+    assert!(
+        !h.store.release(&k, &cc, &b).await.unwrap(),
+        "a lapsed lease is not held"
+    );
     assert!(!h.store.release(&k, &cc, &c).await.unwrap());
     h.expect(&k, &cc, 2, (true, 0, 0, 30_000)).await;
 }
@@ -345,10 +493,18 @@ pub async fn expiry_returns_to_initial_state(store: Arc<dyn Store>, clock: Manua
         assert!(!last.allowed, "{name} denies after its quota");
         h.clock.advance_ms(last.reset_after_ms);
         let again = h.one(&k, &alg, 1).await;
-        assert_eq!(fields(&again), fields(&first), "{name} after reset_after_ms");
+        assert_eq!(
+            fields(&again),
+            fields(&first),
+            "{name} after reset_after_ms"
+        );
         // A key never used answers the same at the same point of a window.
         align(&h.clock, 10_000);
-        assert_eq!(fields(&h.one(&fresh, &alg, 1).await), fields(&first), "{name} on a fresh key");
+        assert_eq!(
+            fields(&h.one(&fresh, &alg, 1).await),
+            fields(&first),
+            "{name} on a fresh key"
+        );
     }
 }
 
@@ -358,15 +514,31 @@ pub async fn cost_zero_peeks(store: Arc<dyn Store>, clock: ManualClock) {
     for (name, alg) in all_algorithms() {
         let k = h.key("user:42", name);
         let d = h.one(&k, &alg, 0).await;
-        assert_eq!((d.allowed, d.remaining, d.retry_after_ms, d.lease.is_some()), (true, 3, 0, false), "{name}");
+        assert_eq!(
+            (d.allowed, d.remaining, d.retry_after_ms, d.lease.is_some()),
+            (true, 3, 0, false),
+            "{name}"
+        );
         assert!(h.one(&k, &alg, 1).await.allowed);
         for _ in 0..3 {
             let d = h.one(&k, &alg, 0).await;
-            assert_eq!((d.allowed, d.remaining, d.lease.is_some()), (true, 2, false), "{name} peek");
+            assert_eq!(
+                (d.allowed, d.remaining, d.lease.is_some()),
+                (true, 2, false),
+                "{name} peek"
+            );
         }
-        assert_eq!(h.one(&k, &alg, 2).await.remaining, 0, "{name}: the peeks took nothing");
+        assert_eq!(
+            h.one(&k, &alg, 2).await.remaining,
+            0,
+            "{name}: the peeks took nothing"
+        );
         let d = h.one(&k, &alg, 0).await;
-        assert_eq!((d.allowed, d.remaining), (true, 0), "{name} peek of an exhausted limit");
+        assert_eq!(
+            (d.allowed, d.remaining),
+            (true, 0),
+            "{name} peek of an exhausted limit"
+        );
     }
 }
 
@@ -393,7 +565,10 @@ pub async fn cost_exceeding_the_limit_is_final(store: Arc<dyn Store>, clock: Man
 
 /// A client waiting `retry_after_ms` is never early, and not later than needed: one ms before,
 /// the request is still denied. A flood of denials in between changes nothing.
-pub async fn retry_after_is_exact_and_denials_change_nothing(store: Arc<dyn Store>, clock: ManualClock) {
+pub async fn retry_after_is_exact_and_denials_change_nothing(
+    store: Arc<dyn Store>,
+    clock: ManualClock,
+) {
     let h = Harness::new(store, clock);
     for (name, alg) in all_algorithms() {
         let k = h.key("user:42", name);
@@ -405,13 +580,24 @@ pub async fn retry_after_is_exact_and_denials_change_nothing(store: Arc<dyn Stor
         let d = h.one(&k, &alg, 2).await;
         assert!(!d.allowed && d.retry_after_ms > 1, "{name}: {d:?}");
         for _ in 0..20 {
-            assert_eq!(fields(&h.one(&k, &alg, 2).await), fields(&d), "{name}: denials change nothing");
+            assert_eq!(
+                fields(&h.one(&k, &alg, 2).await),
+                fields(&d),
+                "{name}: denials change nothing"
+            );
         }
         h.clock.advance_ms(d.retry_after_ms - 1);
         let early = h.one(&k, &alg, 2).await;
-        assert_eq!((early.allowed, early.retry_after_ms), (false, 1), "{name} one ms early");
+        assert_eq!(
+            (early.allowed, early.retry_after_ms),
+            (false, 1),
+            "{name} one ms early"
+        );
         h.clock.advance_ms(1);
-        assert!(h.one(&k, &alg, 2).await.allowed, "{name} after retry_after_ms");
+        assert!(
+            h.one(&k, &alg, 2).await.allowed,
+            "{name} after retry_after_ms"
+        );
         h.clock.advance_ms(60_000);
     }
 }
@@ -419,26 +605,50 @@ pub async fn retry_after_is_exact_and_denials_change_nothing(store: Arc<dyn Stor
 /// 10 per second and 25 per day for one user: a check consumes from both or from neither.
 pub async fn multi_limit_per_second_and_per_day(store: Arc<dyn Store>, clock: ManualClock) {
     let h = Harness::new(store, clock);
-    let second = Algorithm::TokenBucket { capacity: 10, rate: Rate::per_second(10) };
-    let day = Algorithm::FixedWindow { limit: 25, window_ms: 86_400_000 };
+    let second = Algorithm::TokenBucket {
+        capacity: 10,
+        rate: Rate::per_second(10),
+    };
+    let day = Algorithm::FixedWindow {
+        limit: 25,
+        window_ms: 86_400_000,
+    };
     let (ks, kd) = (h.key("user:42", "per-second"), h.key("user:42", "per-day"));
-    let check = || async { h.multi(&[(ks.as_str(), &second, 1), (kd.as_str(), &day, 1)]).await };
+    let check = || async {
+        h.multi(&[(ks.as_str(), &second, 1), (kd.as_str(), &day, 1)])
+            .await
+    };
     for i in 0..10u64 {
         let d = check().await;
         assert!(d.allowed);
-        assert_eq!((d.decisions[0].remaining, d.decisions[1].remaining), (9 - i, 24 - i));
+        assert_eq!(
+            (d.decisions[0].remaining, d.decisions[1].remaining),
+            (9 - i, 24 - i)
+        );
     }
     let d = check().await;
     assert!(!d.allowed);
     assert_eq!(d.denied_by(), Some(0));
-    assert_eq!((d.decisions[0].reason, d.decisions[0].retry_after_ms), (Some(DenyReason::Limited), 100));
+    assert_eq!(
+        (d.decisions[0].reason, d.decisions[0].retry_after_ms),
+        (Some(DenyReason::Limited), 100)
+    );
     let other = &d.decisions[1];
     assert_eq!(
-        (other.allowed, other.reason, other.remaining, other.retry_after_ms),
+        (
+            other.allowed,
+            other.reason,
+            other.remaining,
+            other.retry_after_ms
+        ),
         (false, Some(DenyReason::OtherLimitDenied), 15, 0)
     );
     assert_eq!(d.retry_after_ms(), 100);
-    assert_eq!(h.one(kd.as_str(), &day, 0).await.remaining, 15, "the day was not charged");
+    assert_eq!(
+        h.one(kd.as_str(), &day, 0).await.remaining,
+        15,
+        "the day was not charged"
+    );
 
     h.clock.advance_ms(1000);
     for _ in 0..10 {
@@ -452,27 +662,66 @@ pub async fn multi_limit_per_second_and_per_day(store: Arc<dyn Store>, clock: Ma
     assert_eq!(d.denied_by(), Some(1));
     let day_end = (T0 / 1000 + 2000) / 86_400_000 * 86_400_000 + 86_400_000;
     assert_eq!(d.decisions[1].retry_after_ms, day_end - (T0 / 1000 + 2000));
-    assert_eq!((d.decisions[0].reason, d.decisions[0].remaining), (Some(DenyReason::OtherLimitDenied), 5));
-    assert_eq!(h.one(ks.as_str(), &second, 0).await.remaining, 5, "the second was not charged");
+    assert_eq!(
+        (d.decisions[0].reason, d.decisions[0].remaining),
+        (Some(DenyReason::OtherLimitDenied), 5)
+    );
+    assert_eq!(
+        h.one(ks.as_str(), &second, 0).await.remaining,
+        5,
+        "the second was not charged"
+    );
 }
 
 /// A user and its tenant, both keyed under the tenant's identity (one hash tag): the tenant's
 /// limit stops a user who still has quota, without charging that user.
 pub async fn multi_limit_user_and_tenant(store: Arc<dyn Store>, clock: ManualClock) {
     let h = Harness::new(store, clock);
-    let user = Algorithm::TokenBucket { capacity: 2, rate: Rate::new(1, 3_600_000) };
-    let tenant = Algorithm::TokenBucket { capacity: 3, rate: Rate::new(1, 3_600_000) };
-    let (u42, u43, t7) = (h.key("tenant:7", "user-42"), h.key("tenant:7", "user-43"), h.key("tenant:7", "tenant"));
+    let user = Algorithm::TokenBucket {
+        capacity: 2,
+        rate: Rate::new(1, 3_600_000),
+    };
+    let tenant = Algorithm::TokenBucket {
+        capacity: 3,
+        rate: Rate::new(1, 3_600_000),
+    };
+    let (u42, u43, t7) = (
+        h.key("tenant:7", "user-42"),
+        h.key("tenant:7", "user-43"),
+        h.key("tenant:7", "tenant"),
+    );
     for _ in 0..2 {
-        assert!(h.multi(&[(u42.as_str(), &user, 1), (t7.as_str(), &tenant, 1)]).await.allowed);
+        assert!(
+            h.multi(&[(u42.as_str(), &user, 1), (t7.as_str(), &tenant, 1)])
+                .await
+                .allowed
+        );
     }
-    let d = h.multi(&[(u42.as_str(), &user, 1), (t7.as_str(), &tenant, 1)]).await;
-    assert_eq!((d.denied_by(), d.decisions[1].reason), (Some(0), Some(DenyReason::OtherLimitDenied)));
-    assert!(h.multi(&[(u43.as_str(), &user, 1), (t7.as_str(), &tenant, 1)]).await.allowed);
-    let d = h.multi(&[(u43.as_str(), &user, 1), (t7.as_str(), &tenant, 1)]).await;
+    let d = h
+        .multi(&[(u42.as_str(), &user, 1), (t7.as_str(), &tenant, 1)])
+        .await;
+    assert_eq!(
+        (d.denied_by(), d.decisions[1].reason),
+        (Some(0), Some(DenyReason::OtherLimitDenied))
+    );
+    assert!(
+        h.multi(&[(u43.as_str(), &user, 1), (t7.as_str(), &tenant, 1)])
+            .await
+            .allowed
+    );
+    let d = h
+        .multi(&[(u43.as_str(), &user, 1), (t7.as_str(), &tenant, 1)])
+        .await;
     assert_eq!(d.denied_by(), Some(1));
-    assert_eq!((d.decisions[0].reason, d.decisions[0].remaining), (Some(DenyReason::OtherLimitDenied), 1));
-    assert_eq!(h.one(u43.as_str(), &user, 0).await.remaining, 1, "user 43 was not charged");
+    assert_eq!(
+        (d.decisions[0].reason, d.decisions[0].remaining),
+        (Some(DenyReason::OtherLimitDenied), 1)
+    );
+    assert_eq!(
+        h.one(u43.as_str(), &user, 0).await.remaining,
+        1,
+        "user 43 was not charged"
+    );
     assert_eq!(h.one(t7.as_str(), &tenant, 0).await.remaining, 0);
 }
 
@@ -484,11 +733,42 @@ pub async fn concurrent_tasks_admit_exactly_the_limit(store: Arc<dyn Store>, clo
     let algorithms = [
         ("tb", Algorithm::TokenBucket { capacity: 10, rate }),
         ("gcra", Algorithm::Gcra { rate, burst: 9 }),
-        ("lb", Algorithm::LeakyBucket { capacity: 10, rate, mode: LeakyMode::Policing }),
-        ("fw", Algorithm::FixedWindow { limit: 10, window_ms: 60_000 }),
-        ("swc", Algorithm::SlidingWindowCounter { limit: 10, window_ms: 60_000 }),
-        ("swl", Algorithm::SlidingWindowLog { limit: 10, window_ms: 60_000 }),
-        ("cc", Algorithm::Concurrency { limit: 10, lease_ms: 60_000 }),
+        (
+            "lb",
+            Algorithm::LeakyBucket {
+                capacity: 10,
+                rate,
+                mode: LeakyMode::Policing,
+            },
+        ),
+        (
+            "fw",
+            Algorithm::FixedWindow {
+                limit: 10,
+                window_ms: 60_000,
+            },
+        ),
+        (
+            "swc",
+            Algorithm::SlidingWindowCounter {
+                limit: 10,
+                window_ms: 60_000,
+            },
+        ),
+        (
+            "swl",
+            Algorithm::SlidingWindowLog {
+                limit: 10,
+                window_ms: 60_000,
+            },
+        ),
+        (
+            "cc",
+            Algorithm::Concurrency {
+                limit: 10,
+                lease_ms: 60_000,
+            },
+        ),
     ];
     for (name, alg) in algorithms {
         let key = Arc::new(h.key("user:race", name));
@@ -497,7 +777,14 @@ pub async fn concurrent_tasks_admit_exactly_the_limit(store: Arc<dyn Store>, clo
             .map(|_| {
                 let (store, key, alg) = (h.store.clone(), key.clone(), alg.clone());
                 tokio::spawn(async move {
-                    let d = store.check(&[CheckItem { key: &key, algorithm: &alg, cost: 1 }]).await.unwrap();
+                    let d = store
+                        .check(&[CheckItem {
+                            key: &key,
+                            algorithm: &alg,
+                            cost: 1,
+                        }])
+                        .await
+                        .unwrap();
                     d.allowed
                 })
             })
@@ -513,38 +800,69 @@ pub async fn concurrent_tasks_admit_exactly_the_limit(store: Arc<dyn Store>, clo
 /// Many keys are independent: 500 identities each get their own limit of 1.
 pub async fn many_distinct_keys(store: Arc<dyn Store>, clock: ManualClock) {
     let h = Harness::new(store, clock);
-    let fw = Arc::new(Algorithm::FixedWindow { limit: 1, window_ms: 60_000 });
+    let fw = Arc::new(Algorithm::FixedWindow {
+        limit: 1,
+        window_ms: 60_000,
+    });
     let tasks: Vec<_> = (0..500)
         .map(|i| {
-            let (store, fw, key) = (h.store.clone(), fw.clone(), h.key(&format!("user:{i}"), "fw"));
+            let (store, fw, key) = (
+                h.store.clone(),
+                fw.clone(),
+                h.key(&format!("user:{i}"), "fw"),
+            );
             tokio::spawn(async move {
                 let check = |cost| {
                     let (store, fw, key) = (store.clone(), fw.clone(), key.clone());
                     async move {
-                        store.check(&[CheckItem { key: &key, algorithm: &fw, cost }]).await.unwrap().decisions.remove(0)
+                        store
+                            .check(&[CheckItem {
+                                key: &key,
+                                algorithm: &fw,
+                                cost,
+                            }])
+                            .await
+                            .unwrap()
+                            .decisions
+                            .remove(0)
                     }
                 };
                 let first = check(1).await;
                 let second = check(1).await;
-                (first.allowed, first.remaining, second.allowed, second.reason)
+                (
+                    first.allowed,
+                    first.remaining,
+                    second.allowed,
+                    second.reason,
+                )
             })
         })
         .collect();
     for t in tasks {
-        assert_eq!(t.await.unwrap(), (true, 0, false, Some(DenyReason::Limited)));
+        assert_eq!(
+            t.await.unwrap(),
+            (true, 0, false, Some(DenyReason::Limited))
+        );
     }
 }
 
 /// Releasing a lease that was never taken, or on a key without leases, answers false.
 pub async fn release_of_unknown_leases(store: Arc<dyn Store>, clock: ManualClock) {
     let h = Harness::new(store, clock);
-    let cc = Algorithm::Concurrency { limit: 1, lease_ms: 1000 };
+    let cc = Algorithm::Concurrency {
+        limit: 1,
+        lease_ms: 1000,
+    };
     let k = h.key("user:42", "jobs");
     let nobody = sluice_core::LeaseId("0123456789abcdef".into());
     assert!(!h.store.release(&k, &cc, &nobody).await.unwrap());
     let held = h.one(&k, &cc, 1).await.lease.expect("a lease");
     assert!(!h.store.release(&k, &cc, &nobody).await.unwrap());
-    assert_eq!(h.one(&k, &cc, 1).await.reason, Some(DenyReason::Limited), "a wrong id frees nothing");
+    assert_eq!(
+        h.one(&k, &cc, 1).await.reason,
+        Some(DenyReason::Limited),
+        "a wrong id frees nothing"
+    );
     assert!(h.store.release(&k, &cc, &held).await.unwrap());
     assert!(h.one(&k, &cc, 1).await.allowed);
 }

@@ -16,7 +16,13 @@ pub struct State {
 }
 
 /// Decides one request (see `docs/algorithms.md`, "Fixed window").
-pub fn decide(state: Option<&State>, limit: u64, window_ms: u64, now: Timestamp, cost: u64) -> Outcome<State> {
+pub fn decide(
+    state: Option<&State>,
+    limit: u64,
+    window_ms: u64,
+    now: Timestamp,
+    cost: u64,
+) -> Outcome<State> {
     // A clock behind the stored window is treated as standing at its start, so a step back
     // across a boundary cannot open a fresh window (nothing is refunded).
     let now_ms = (now / 1000).max(state.map_or(0, |s| s.window_start));
@@ -28,19 +34,33 @@ pub fn decide(state: Option<&State>, limit: u64, window_ms: u64, now: Timestamp,
     let until_end = start + window_ms - now_ms;
     let reset = |count: u64| if count > 0 { until_end } else { 0 };
     if cost > limit {
-        let decision = Decision::cost_exceeds_limit(limit, limit.saturating_sub(count), reset(count));
-        return Outcome { decision, update: Update::Keep };
+        let decision =
+            Decision::cost_exceeds_limit(limit, limit.saturating_sub(count), reset(count));
+        return Outcome {
+            decision,
+            update: Update::Keep,
+        };
     }
     if count + cost > limit {
-        let decision = Decision::limited(limit, limit.saturating_sub(count), until_end, reset(count));
-        return Outcome { decision, update: Update::Keep };
+        let decision =
+            Decision::limited(limit, limit.saturating_sub(count), until_end, reset(count));
+        return Outcome {
+            decision,
+            update: Update::Keep,
+        };
     }
     let after = count + cost;
     let decision = Decision::allow(limit, limit - after, reset(after));
     let update = if cost == 0 {
         Update::Keep
     } else {
-        Update::Put { state: State { window_start: start, count: after }, expires_at: (start + window_ms) * 1000 }
+        Update::Put {
+            state: State {
+                window_start: start,
+                count: after,
+            },
+            expires_at: (start + window_ms) * 1000,
+        }
     };
     Outcome { decision, update }
 }
@@ -65,12 +85,21 @@ mod tests {
         let mut s = None;
         for want in [2, 1, 0] {
             let d = run(&mut s, T0 + 1_000_000, 1);
-            assert_eq!((d.allowed, d.remaining, d.reset_after_ms), (true, want, 9000));
+            assert_eq!(
+                (d.allowed, d.remaining, d.reset_after_ms),
+                (true, want, 9000)
+            );
         }
         let d = run(&mut s, T0 + 4_000_000, 1);
-        assert_eq!((d.allowed, d.remaining, d.retry_after_ms, d.reset_after_ms), (false, 0, 6000, 6000));
+        assert_eq!(
+            (d.allowed, d.remaining, d.retry_after_ms, d.reset_after_ms),
+            (false, 0, 6000, 6000)
+        );
         let d = run(&mut s, T0 + 10_000_000, 2);
-        assert_eq!((d.allowed, d.remaining, d.reset_after_ms), (true, 1, 10_000));
+        assert_eq!(
+            (d.allowed, d.remaining, d.reset_after_ms),
+            (true, 1, 10_000)
+        );
     }
 
     #[test]
@@ -86,9 +115,19 @@ mod tests {
     #[test]
     fn cost_zero_peeks_and_oversized_cost_is_final() {
         let o = decide(None, 3, 10_000, T0, 0);
-        assert_eq!((o.decision.allowed, o.decision.remaining, o.decision.reset_after_ms), (true, 3, 0));
+        assert_eq!(
+            (
+                o.decision.allowed,
+                o.decision.remaining,
+                o.decision.reset_after_ms
+            ),
+            (true, 3, 0)
+        );
         assert_eq!(o.update, Update::Keep);
         let o = decide(None, 3, 10_000, T0, 4);
-        assert_eq!((o.decision.reason, o.decision.retry_after_ms), (Some(DenyReason::CostExceedsLimit), 0));
+        assert_eq!(
+            (o.decision.reason, o.decision.retry_after_ms),
+            (Some(DenyReason::CostExceedsLimit), 0)
+        );
     }
 }

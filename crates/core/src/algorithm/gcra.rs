@@ -25,7 +25,13 @@ pub fn emission_interval_us(rate: Rate) -> u64 {
 }
 
 /// Decides one request (see `docs/algorithms.md`, "GCRA").
-pub fn decide(state: Option<&State>, rate: Rate, burst: u64, now: Timestamp, cost: u64) -> Outcome<State> {
+pub fn decide(
+    state: Option<&State>,
+    rate: Rate,
+    burst: u64,
+    now: Timestamp,
+    cost: u64,
+) -> Outcome<State> {
     // i128: `increment` for an absurd cost and `tat - now` for a clock gone backwards must not
     // overflow or wrap.
     let t = emission_interval_us(rate) as i128;
@@ -52,14 +58,22 @@ pub fn decide(state: Option<&State>, rate: Rate, burst: u64, now: Timestamp, cos
         } else {
             Decision::cost_exceeds_limit(limit, remaining, reset)
         };
-        return Outcome { decision, update: Update::Keep };
+        return Outcome {
+            decision,
+            update: Update::Keep,
+        };
     }
     let ttl = new_tat - now_i;
     let decision = Decision::allow(limit, remaining_for(ttl), ms(ttl));
     let update = if cost == 0 {
         Update::Keep
     } else {
-        Update::Put { state: State { tat: new_tat as u64 }, expires_at: new_tat as u64 }
+        Update::Put {
+            state: State {
+                tat: new_tat as u64,
+            },
+            expires_at: new_tat as u64,
+        }
     };
     Outcome { decision, update }
 }
@@ -114,7 +128,11 @@ pub fn reference(
         Some(k) => k.tat,
         None => now,
     };
-    let new_tat = if now > tat { now + increment } else { tat + increment };
+    let new_tat = if now > tat {
+        now + increment
+    } else {
+        tat + increment
+    };
     let allow_at = new_tat - delay_variation_tolerance;
     let diff = now - allow_at;
 
@@ -130,7 +148,14 @@ pub fn reference(
         limited = true;
     } else {
         ttl = new_tat - now;
-        stored = if ttl > 0 { Some(ReferenceKey { tat: new_tat, expires_at: now + ttl }) } else { None };
+        stored = if ttl > 0 {
+            Some(ReferenceKey {
+                tat: new_tat,
+                expires_at: now + ttl,
+            })
+        } else {
+            None
+        };
         limited = false;
     }
     let next = delay_variation_tolerance - ttl;
@@ -138,7 +163,16 @@ pub fn reference(
     if next > -emission_interval {
         remaining = next / emission_interval; // integer division truncates towards zero
     }
-    (ThrottleReply { limited, limit, remaining, retry_after, reset_after: ttl }, stored)
+    (
+        ThrottleReply {
+            limited,
+            limit,
+            remaining,
+            retry_after,
+            reset_after: ttl,
+        },
+        stored,
+    )
 }
 
 #[cfg(test)]
@@ -148,7 +182,13 @@ mod tests {
 
     const T0: Timestamp = 1_700_000_000_000_000;
 
-    fn run(state: &mut Option<State>, rate: Rate, burst: u64, now: Timestamp, cost: u64) -> Decision {
+    fn run(
+        state: &mut Option<State>,
+        rate: Rate,
+        burst: u64,
+        now: Timestamp,
+        cost: u64,
+    ) -> Decision {
         let o = decide(state.as_ref(), rate, burst, now, cost);
         if let Update::Put { state: s, .. } = o.update {
             *state = Some(s);
@@ -162,10 +202,16 @@ mod tests {
         for (i, want) in [2, 1, 0].into_iter().enumerate() {
             let d = run(&mut s, rate, 2, T0, 1);
             assert!(d.allowed);
-            assert_eq!((d.limit, d.remaining, d.reset_after_ms), (3, want, 1000 * (i as u64 + 1)));
+            assert_eq!(
+                (d.limit, d.remaining, d.reset_after_ms),
+                (3, want, 1000 * (i as u64 + 1))
+            );
         }
         let d = run(&mut s, rate, 2, T0, 1);
-        assert_eq!((d.allowed, d.remaining, d.retry_after_ms, d.reset_after_ms), (false, 0, 1000, 3000));
+        assert_eq!(
+            (d.allowed, d.remaining, d.retry_after_ms, d.reset_after_ms),
+            (false, 0, 1000, 3000)
+        );
         assert_eq!(d.reason, Some(DenyReason::Limited));
         // 999 ms later still 1 ms early; at 1000 ms one more fits.
         let d = run(&mut s, rate, 2, T0 + 999_000, 1);
@@ -181,7 +227,10 @@ mod tests {
     fn cost_zero_peeks_and_oversized_cost_is_final() {
         let rate = Rate::per_second(10);
         let o = decide(None, rate, 4, T0, 0);
-        assert_eq!((o.decision.allowed, o.decision.remaining, o.update), (true, 5, Update::Keep));
+        assert_eq!(
+            (o.decision.allowed, o.decision.remaining, o.update),
+            (true, 5, Update::Keep)
+        );
         let o = decide(None, rate, 4, T0, 6);
         assert_eq!(o.decision.reason, Some(DenyReason::CostExceedsLimit));
         assert_eq!((o.decision.retry_after_ms, o.update), (0, Update::Keep));
@@ -195,7 +244,10 @@ mod tests {
         let (rate, mut s) = (Rate::per_second(3000), None);
         assert!(run(&mut s, rate, 0, T0, 1).allowed);
         let d = run(&mut s, rate, 0, T0, 1);
-        assert_eq!((d.allowed, d.retry_after_ms, d.reset_after_ms), (false, 1, 1));
+        assert_eq!(
+            (d.allowed, d.retry_after_ms, d.reset_after_ms),
+            (false, 1, 1)
+        );
         assert!(run(&mut s, rate, 0, T0 + 333, 1).allowed);
     }
 
@@ -203,8 +255,17 @@ mod tests {
     fn reference_matches_the_readme_example() {
         // README: CL.THROTTLE user123 15 30 60 1 -> 0, 16, 15, -1, 2 (seconds).
         let (r, k) = reference(None, Rate::new(30, 60_000), 15, 0, 1);
-        assert_eq!((r.limited, r.limit, r.remaining, r.retry_after), (false, 16, 15, -1));
+        assert_eq!(
+            (r.limited, r.limit, r.remaining, r.retry_after),
+            (false, 16, 15, -1)
+        );
         assert_eq!(r.reset_after, 2_000_000);
-        assert_eq!(k, Some(ReferenceKey { tat: 2_000_000, expires_at: 2_000_000 }));
+        assert_eq!(
+            k,
+            Some(ReferenceKey {
+                tat: 2_000_000,
+                expires_at: 2_000_000
+            })
+        );
     }
 }

@@ -30,26 +30,39 @@ pub fn decide(
     now: Timestamp,
     cost: u64,
 ) -> Outcome<State> {
-    let Rate { amount: r, per_ms: p } = rate.reduced();
+    let Rate {
+        amount: r,
+        per_ms: p,
+    } = rate.reduced();
     let full = capacity * p;
     let now_ms = now / 1000;
     let level = match state {
         None => 0,
         Some(s) => {
             let elapsed = now_ms.saturating_sub(s.last_ms);
-            if elapsed >= div_ceil(s.level, r) { 0 } else { s.level - elapsed * r }
+            if elapsed >= div_ceil(s.level, r) {
+                0
+            } else {
+                s.level - elapsed * r
+            }
         }
     };
     let remaining = |level: u64| (full - level) / p;
     if cost > capacity {
         let decision = Decision::cost_exceeds_limit(capacity, remaining(level), div_ceil(level, r));
-        return Outcome { decision, update: Update::Keep };
+        return Outcome {
+            decision,
+            update: Update::Keep,
+        };
     }
     let need = cost * p;
     if level + need > full {
         let retry = div_ceil(level + need - full, r);
         let decision = Decision::limited(capacity, remaining(level), retry, div_ceil(level, r));
-        return Outcome { decision, update: Update::Keep };
+        return Outcome {
+            decision,
+            update: Update::Keep,
+        };
     }
     let after = level + need;
     let reset_after_ms = div_ceil(after, r);
@@ -60,7 +73,13 @@ pub fn decide(
     let update = if cost == 0 {
         Update::Keep
     } else {
-        Update::Put { state: State { level: after, last_ms: now_ms }, expires_at: (now_ms + reset_after_ms) * 1000 }
+        Update::Put {
+            state: State {
+                level: after,
+                last_ms: now_ms,
+            },
+            expires_at: (now_ms + reset_after_ms) * 1000,
+        }
     };
     Outcome { decision, update }
 }
@@ -72,7 +91,13 @@ mod tests {
 
     const T0: Timestamp = 1_700_000_000_000_000;
 
-    fn run(state: &mut Option<State>, mode: LeakyMode, rate: Rate, now: Timestamp, cost: u64) -> Decision {
+    fn run(
+        state: &mut Option<State>,
+        mode: LeakyMode,
+        rate: Rate,
+        now: Timestamp,
+        cost: u64,
+    ) -> Decision {
         let o = decide(state.as_ref(), 3, rate, mode, now, cost);
         if let Update::Put { state: s, .. } = o.update {
             *state = Some(s);
@@ -93,7 +118,10 @@ mod tests {
             );
         }
         let d = run(&mut s, LeakyMode::Shaping, rate, T0, 1);
-        assert_eq!((d.allowed, d.retry_after_ms, d.reset_after_ms, d.delay_ms), (false, 500, 1500, 0));
+        assert_eq!(
+            (d.allowed, d.retry_after_ms, d.reset_after_ms, d.delay_ms),
+            (false, 500, 1500, 0)
+        );
         // 500 ms later one request has drained; the next waits behind the other two.
         let d = run(&mut s, LeakyMode::Shaping, rate, T0 + 500_000, 1);
         assert_eq!((d.allowed, d.delay_ms, d.remaining), (true, 1000, 0));
@@ -107,7 +135,10 @@ mod tests {
             assert_eq!((d.allowed, d.delay_ms, d.remaining), (true, 0, want));
         }
         let d = run(&mut s, LeakyMode::Policing, rate, T0 + 250_000, 1);
-        assert_eq!((d.allowed, d.retry_after_ms, d.reset_after_ms), (false, 750, 2750));
+        assert_eq!(
+            (d.allowed, d.retry_after_ms, d.reset_after_ms),
+            (false, 750, 2750)
+        );
         assert!(run(&mut s, LeakyMode::Policing, rate, T0 + 1_000_000, 1).allowed);
     }
 
@@ -115,9 +146,15 @@ mod tests {
     fn cost_zero_peeks_and_oversized_cost_is_final() {
         let rate = Rate::per_second(1);
         let o = decide(None, 3, rate, LeakyMode::Policing, T0, 0);
-        assert_eq!((o.decision.allowed, o.decision.remaining, o.update), (true, 3, Update::Keep));
+        assert_eq!(
+            (o.decision.allowed, o.decision.remaining, o.update),
+            (true, 3, Update::Keep)
+        );
         let o = decide(None, 3, rate, LeakyMode::Policing, T0, 4);
-        assert_eq!((o.decision.reason, o.decision.retry_after_ms), (Some(DenyReason::CostExceedsLimit), 0));
+        assert_eq!(
+            (o.decision.reason, o.decision.retry_after_ms),
+            (Some(DenyReason::CostExceedsLimit), 0)
+        );
         let o = decide(None, 3, rate, LeakyMode::Policing, T0, u64::MAX);
         assert_eq!(o.decision.reason, Some(DenyReason::CostExceedsLimit));
     }

@@ -42,9 +42,15 @@ impl<S> Outcome<S> {
         let update = match self.update {
             Update::Keep => Update::Keep,
             Update::Delete => Update::Delete,
-            Update::Put { state, expires_at } => Update::Put { state: f(state), expires_at },
+            Update::Put { state, expires_at } => Update::Put {
+                state: f(state),
+                expires_at,
+            },
         };
-        Outcome { decision: self.decision, update }
+        Outcome {
+            decision: self.decision,
+            update,
+        }
     }
 }
 
@@ -84,7 +90,11 @@ pub fn decide(
             };
             gcra::decide(s, rate, burst, now, cost).map(State::Gcra)
         }
-        Algorithm::LeakyBucket { capacity, rate, mode } => {
+        Algorithm::LeakyBucket {
+            capacity,
+            rate,
+            mode,
+        } => {
             let s = match state {
                 Some(State::LeakyBucket(s)) => Some(s),
                 _ => None,
@@ -103,7 +113,8 @@ pub fn decide(
                 Some(State::SlidingWindowCounter(s)) => Some(s),
                 _ => None,
             };
-            sliding_window_counter::decide(s, limit, window_ms, now, cost).map(State::SlidingWindowCounter)
+            sliding_window_counter::decide(s, limit, window_ms, now, cost)
+                .map(State::SlidingWindowCounter)
         }
         Algorithm::SlidingWindowLog { limit, window_ms } => {
             let s = match state {
@@ -130,7 +141,10 @@ pub fn release(state: Option<&State>, now: Timestamp, lease: &LeaseId) -> (bool,
             let update = match update {
                 Update::Keep => Update::Keep,
                 Update::Delete => Update::Delete,
-                Update::Put { state, expires_at } => Update::Put { state: State::Concurrency(state), expires_at },
+                Update::Put { state, expires_at } => Update::Put {
+                    state: State::Concurrency(state),
+                    expires_at,
+                },
             };
             (held, update)
         }

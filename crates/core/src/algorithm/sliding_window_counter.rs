@@ -19,7 +19,13 @@ pub struct State {
 }
 
 /// Decides one request (see `docs/algorithms.md`, "Sliding window counter").
-pub fn decide(state: Option<&State>, limit: u64, window_ms: u64, now: Timestamp, cost: u64) -> Outcome<State> {
+pub fn decide(
+    state: Option<&State>,
+    limit: u64,
+    window_ms: u64,
+    now: Timestamp,
+    cost: u64,
+) -> Outcome<State> {
     let w = window_ms;
     // As in the fixed window: a clock behind the stored window stands at its start.
     let now_ms = (now / 1000).max(state.map_or(0, |s| s.window_start));
@@ -44,7 +50,10 @@ pub fn decide(state: Option<&State>, limit: u64, window_ms: u64, now: Timestamp,
     let remaining = |est: u64| limit.saturating_sub(est);
     if cost > limit {
         let decision = Decision::cost_exceeds_limit(limit, remaining(est), reset(curr));
-        return Outcome { decision, update: Update::Keep };
+        return Outcome {
+            decision,
+            update: Update::Keep,
+        };
     }
     if est + cost > limit {
         let retry = if curr + cost <= limit {
@@ -60,14 +69,24 @@ pub fn decide(state: Option<&State>, limit: u64, window_ms: u64, now: Timestamp,
             (w - e) + w.saturating_sub(x)
         };
         let decision = Decision::limited(limit, remaining(est), retry, reset(curr));
-        return Outcome { decision, update: Update::Keep };
+        return Outcome {
+            decision,
+            update: Update::Keep,
+        };
     }
     let after = curr + cost;
     let decision = Decision::allow(limit, remaining(estimate(after)), reset(after));
     let update = if cost == 0 {
         Update::Keep
     } else {
-        Update::Put { state: State { window_start: start, curr: after, prev }, expires_at: (start + 2 * w) * 1000 }
+        Update::Put {
+            state: State {
+                window_start: start,
+                curr: after,
+                prev,
+            },
+            expires_at: (start + 2 * w) * 1000,
+        }
     };
     Outcome { decision, update }
 }
@@ -92,15 +111,24 @@ mod tests {
         let mut s = None;
         for want in [3, 2, 1, 0] {
             let d = run(&mut s, T0, 1);
-            assert_eq!((d.allowed, d.remaining, d.reset_after_ms), (true, want, 20_000));
+            assert_eq!(
+                (d.allowed, d.remaining, d.reset_after_ms),
+                (true, want, 20_000)
+            );
         }
         // Full: the earliest fit is 1 ms into the next window (floor(4 * 9999 / 10000) = 3).
         let d = run(&mut s, T0, 1);
-        assert_eq!((d.allowed, d.retry_after_ms, d.reset_after_ms), (false, 10_001, 20_000));
+        assert_eq!(
+            (d.allowed, d.retry_after_ms, d.reset_after_ms),
+            (false, 10_001, 20_000)
+        );
         let d = run(&mut s, T0 + 10_000_000, 1);
         assert_eq!((d.allowed, d.retry_after_ms), (false, 1));
         let d = run(&mut s, T0 + 10_001_000, 1);
-        assert_eq!((d.allowed, d.remaining, d.reset_after_ms), (true, 0, 19_999));
+        assert_eq!(
+            (d.allowed, d.remaining, d.reset_after_ms),
+            (true, 0, 19_999)
+        );
         // Now prev = 4, curr = 1: it fits once floor(4 * (w - e) / w) <= 2, at e = 2501.
         let d = run(&mut s, T0 + 10_001_000, 1);
         assert_eq!((d.allowed, d.retry_after_ms), (false, 2500));
@@ -109,14 +137,23 @@ mod tests {
         assert_eq!((d.allowed, d.remaining), (true, 0));
         // Two idle windows later it is back to the initial state.
         let d = run(&mut s, T0 + 30_000_000, 1);
-        assert_eq!((d.allowed, d.remaining, d.reset_after_ms), (true, 3, 20_000));
+        assert_eq!(
+            (d.allowed, d.remaining, d.reset_after_ms),
+            (true, 3, 20_000)
+        );
     }
 
     #[test]
     fn cost_zero_peeks_and_oversized_cost_is_final() {
         let o = decide(None, 4, 10_000, T0, 0);
-        assert_eq!((o.decision.allowed, o.decision.remaining, o.update), (true, 4, Update::Keep));
+        assert_eq!(
+            (o.decision.allowed, o.decision.remaining, o.update),
+            (true, 4, Update::Keep)
+        );
         let o = decide(None, 4, 10_000, T0, 5);
-        assert_eq!((o.decision.reason, o.decision.retry_after_ms), (Some(DenyReason::CostExceedsLimit), 0));
+        assert_eq!(
+            (o.decision.reason, o.decision.retry_after_ms),
+            (Some(DenyReason::CostExceedsLimit), 0)
+        );
     }
 }

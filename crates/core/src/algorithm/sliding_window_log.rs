@@ -19,17 +19,34 @@ pub struct State {
 }
 
 /// Decides one request (see `docs/algorithms.md`, "Sliding window log").
-pub fn decide(state: Option<&State>, limit: u64, window_ms: u64, now: Timestamp, cost: u64) -> Outcome<State> {
+pub fn decide(
+    state: Option<&State>,
+    limit: u64,
+    window_ms: u64,
+    now: Timestamp,
+    cost: u64,
+) -> Outcome<State> {
     let now_ms = now / 1000;
     // Entries still in the window: t > now_ms - W.
-    let live: Vec<(u64, u64)> =
-        state.map(|s| s.entries.iter().copied().filter(|&(t, _)| t + window_ms > now_ms).collect()).unwrap_or_default();
+    let live: Vec<(u64, u64)> = state
+        .map(|s| {
+            s.entries
+                .iter()
+                .copied()
+                .filter(|&(t, _)| t + window_ms > now_ms)
+                .collect()
+        })
+        .unwrap_or_default();
     let count: u64 = live.iter().map(|&(_, c)| c).sum();
     let reset = |newest: Option<u64>| newest.map_or(0, |t| (t + window_ms).saturating_sub(now_ms));
     let newest = live.iter().map(|&(t, _)| t).max();
     if cost > limit {
-        let decision = Decision::cost_exceeds_limit(limit, limit.saturating_sub(count), reset(newest));
-        return Outcome { decision, update: Update::Keep };
+        let decision =
+            Decision::cost_exceeds_limit(limit, limit.saturating_sub(count), reset(newest));
+        return Outcome {
+            decision,
+            update: Update::Keep,
+        };
     }
     if count + cost > limit {
         // The first entry (oldest first) whose expiry frees enough room.
@@ -43,11 +60,17 @@ pub fn decide(state: Option<&State>, limit: u64, window_ms: u64, now: Timestamp,
             }
         }
         let decision = Decision::limited(limit, limit.saturating_sub(count), retry, reset(newest));
-        return Outcome { decision, update: Update::Keep };
+        return Outcome {
+            decision,
+            update: Update::Keep,
+        };
     }
     let after = count + cost;
     if cost == 0 {
-        return Outcome { decision: Decision::allow(limit, limit - after, reset(newest)), update: Update::Keep };
+        return Outcome {
+            decision: Decision::allow(limit, limit - after, reset(newest)),
+            update: Update::Keep,
+        };
     }
     let mut entries: VecDeque<(u64, u64)> = live.into();
     // Sorted insert: a clock behind the newest entry (another server) keeps the log in order,
@@ -61,7 +84,13 @@ pub fn decide(state: Option<&State>, limit: u64, window_ms: u64, now: Timestamp,
     let reset_after_ms = reset(newest);
     let decision = Decision::allow(limit, limit - after, reset_after_ms);
     let expires_at = (now_ms + reset_after_ms) * 1000;
-    Outcome { decision, update: Update::Put { state: State { entries }, expires_at } }
+    Outcome {
+        decision,
+        update: Update::Put {
+            state: State { entries },
+            expires_at,
+        },
+    }
 }
 
 #[cfg(test)]
@@ -84,11 +113,20 @@ mod tests {
         let mut s = None;
         for want in [2, 1, 0] {
             let d = run(&mut s, T0, 1);
-            assert_eq!((d.allowed, d.remaining, d.reset_after_ms), (true, want, 10_000));
+            assert_eq!(
+                (d.allowed, d.remaining, d.reset_after_ms),
+                (true, want, 10_000)
+            );
         }
         let d = run(&mut s, T0, 1);
-        assert_eq!((d.allowed, d.remaining, d.retry_after_ms, d.reset_after_ms), (false, 0, 10_000, 10_000));
-        assert_eq!(s.as_ref().unwrap().entries, VecDeque::from([(T0 / 1000, 3)]));
+        assert_eq!(
+            (d.allowed, d.remaining, d.retry_after_ms, d.reset_after_ms),
+            (false, 0, 10_000, 10_000)
+        );
+        assert_eq!(
+            s.as_ref().unwrap().entries,
+            VecDeque::from([(T0 / 1000, 3)])
+        );
     }
 
     #[test]
@@ -98,13 +136,19 @@ mod tests {
             assert!(run(&mut s, T0 + i * 1_000_000, 1).allowed);
         }
         let d = run(&mut s, T0 + 3_000_000, 1);
-        assert_eq!((d.allowed, d.retry_after_ms, d.reset_after_ms), (false, 7000, 9000));
+        assert_eq!(
+            (d.allowed, d.retry_after_ms, d.reset_after_ms),
+            (false, 7000, 9000)
+        );
         // Cost 2 must wait for two entries to leave.
         let d = run(&mut s, T0 + 3_000_000, 2);
         assert_eq!((d.allowed, d.retry_after_ms), (false, 8000));
         assert!(!run(&mut s, T0 + 9_999_000, 1).allowed);
         let d = run(&mut s, T0 + 10_000_000, 1);
-        assert_eq!((d.allowed, d.remaining, d.reset_after_ms), (true, 0, 10_000));
+        assert_eq!(
+            (d.allowed, d.remaining, d.reset_after_ms),
+            (true, 0, 10_000)
+        );
         assert_eq!(run(&mut s, T0 + 10_000_000, 1).retry_after_ms, 1000);
     }
 
@@ -113,9 +157,19 @@ mod tests {
         let mut s = None;
         assert!(run(&mut s, T0, 1).allowed);
         let o = decide(s.as_ref(), 3, 10_000, T0 + 1_000_000, 0);
-        assert_eq!((o.decision.allowed, o.decision.remaining, o.decision.reset_after_ms), (true, 2, 9000));
+        assert_eq!(
+            (
+                o.decision.allowed,
+                o.decision.remaining,
+                o.decision.reset_after_ms
+            ),
+            (true, 2, 9000)
+        );
         assert_eq!(o.update, Update::Keep);
         let o = decide(s.as_ref(), 3, 10_000, T0, 4);
-        assert_eq!((o.decision.reason, o.decision.retry_after_ms), (Some(DenyReason::CostExceedsLimit), 0));
+        assert_eq!(
+            (o.decision.reason, o.decision.retry_after_ms),
+            (Some(DenyReason::CostExceedsLimit), 0)
+        );
     }
 }

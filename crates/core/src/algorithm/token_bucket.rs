@@ -19,8 +19,17 @@ pub struct State {
 }
 
 /// Decides one request.
-pub fn decide(state: Option<&State>, capacity: u64, rate: Rate, now: Timestamp, cost: u64) -> Outcome<State> {
-    let Rate { amount: r, per_ms: p } = rate.reduced();
+pub fn decide(
+    state: Option<&State>,
+    capacity: u64,
+    rate: Rate,
+    now: Timestamp,
+    cost: u64,
+) -> Outcome<State> {
+    let Rate {
+        amount: r,
+        per_ms: p,
+    } = rate.reduced();
     let full = capacity * p;
     let now_ms = now / 1000;
     let tokens = match state {
@@ -28,17 +37,33 @@ pub fn decide(state: Option<&State>, capacity: u64, rate: Rate, now: Timestamp, 
         Some(s) => {
             let elapsed = now_ms.saturating_sub(s.last_ms);
             let missing = full.saturating_sub(s.tokens);
-            if elapsed >= div_ceil(missing, r) { full } else { s.tokens + elapsed * r }
+            if elapsed >= div_ceil(missing, r) {
+                full
+            } else {
+                s.tokens + elapsed * r
+            }
         }
     };
     if cost > capacity {
-        let decision = Decision::cost_exceeds_limit(capacity, tokens / p, div_ceil(full - tokens, r));
-        return Outcome { decision, update: Update::Keep };
+        let decision =
+            Decision::cost_exceeds_limit(capacity, tokens / p, div_ceil(full - tokens, r));
+        return Outcome {
+            decision,
+            update: Update::Keep,
+        };
     }
     let need = cost * p; // cannot overflow: cost <= capacity and capacity * P was validated
     if tokens < need {
-        let decision = Decision::limited(capacity, tokens / p, div_ceil(need - tokens, r), div_ceil(full - tokens, r));
-        return Outcome { decision, update: Update::Keep };
+        let decision = Decision::limited(
+            capacity,
+            tokens / p,
+            div_ceil(need - tokens, r),
+            div_ceil(full - tokens, r),
+        );
+        return Outcome {
+            decision,
+            update: Update::Keep,
+        };
     }
     let left = tokens - need;
     let reset_after_ms = div_ceil(full - left, r);
@@ -46,7 +71,13 @@ pub fn decide(state: Option<&State>, capacity: u64, rate: Rate, now: Timestamp, 
     let update = if cost == 0 {
         Update::Keep
     } else {
-        Update::Put { state: State { tokens: left, last_ms: now_ms }, expires_at: (now_ms + reset_after_ms) * 1000 }
+        Update::Put {
+            state: State {
+                tokens: left,
+                last_ms: now_ms,
+            },
+            expires_at: (now_ms + reset_after_ms) * 1000,
+        }
     };
     Outcome { decision, update }
 }
@@ -77,7 +108,10 @@ mod tests {
         }
         let d = run(&mut s, t0, 1);
         assert!(!d.allowed);
-        assert_eq!((d.remaining, d.retry_after_ms, d.reset_after_ms), (0, 1000, 5000));
+        assert_eq!(
+            (d.remaining, d.retry_after_ms, d.reset_after_ms),
+            (0, 1000, 5000)
+        );
         // 400 ms later: 0.4 tokens back, 600 ms to wait.
         let d = run(&mut s, t0 + 400_000, 1);
         assert_eq!((d.allowed, d.retry_after_ms), (false, 600));

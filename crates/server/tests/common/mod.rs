@@ -68,7 +68,11 @@ impl TestServer {
         format!("http://{}{}", self.addrs.http, path)
     }
     pub fn proxy_url(&self, path: &str) -> String {
-        format!("http://{}{}", self.addrs.proxy.expect("proxy listener"), path)
+        format!(
+            "http://{}{}",
+            self.addrs.proxy.expect("proxy listener"),
+            path
+        )
     }
     pub fn grpc_url(&self) -> String {
         format!("http://{}", self.addrs.grpc)
