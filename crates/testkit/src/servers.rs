@@ -166,6 +166,12 @@ impl RedisServer {
         Self::start_with(kind, &[], false)
     }
 
+    /// Starts a server of `kind` on a free port with extra command-line arguments (e.g.
+    /// `--requirepass`); [`RedisServer::restart`] keeps them.
+    pub fn start_with_args(kind: ServerKind, extra: &[&str]) -> Self {
+        Self::start_with(kind, extra, false)
+    }
+
     fn start_with(kind: ServerKind, extra: &[&str], bus: bool) -> Self {
         let tag = match kind {
             ServerKind::Redis => "redis",
@@ -219,8 +225,9 @@ impl RedisServer {
                     std::fs::read_to_string(self.dir.0.join("server.log")).unwrap_or_default();
                 return Err(format!("server exited with {status}: {log}"));
             }
+            // A server started with a password answers -NOAUTH: it is up all the same.
             if raw_command(self.port, "PING", Duration::from_millis(200))
-                .is_ok_and(|r| r.starts_with("+PONG"))
+                .is_ok_and(|r| r.starts_with("+PONG") || r.starts_with("-NOAUTH"))
             {
                 break;
             }
