@@ -29,6 +29,7 @@ pub mod proxy;
 pub mod reload;
 pub mod rls;
 pub mod state;
+pub mod testing;
 
 use std::future::Future;
 use std::net::SocketAddr;

@@ -1,101 +1,10 @@
 //! Starts a real `sluice serve` on loopback ports chosen by the OS, from a configuration file
 //! written to a fresh directory, and stops it.
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU32, Ordering};
 
-use sluice_server::{BoundAddrs, Config, Listeners, ServeError};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
-
-pub struct TestServer {
-    pub addrs: BoundAddrs,
-    pub dir: PathBuf,
-    pub file: PathBuf,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), ServeError>>>,
-}
-
-/// A fresh directory under the system temp dir.
-pub fn temp_dir(tag: &str) -> PathBuf {
-    static N: AtomicU32 = AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "sluice-server-{tag}-{}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
-}
-
-/// Writes `toml` to `sluice.toml` in a fresh directory (plus `extra` files) and serves it with
-/// every listener on 127.0.0.1:0.
-pub async fn start_with(toml: &str, extra: &[(&str, &str)]) -> TestServer {
-    let dir = temp_dir("srv");
-    for (name, text) in extra {
-        std::fs::write(dir.join(name), text).unwrap();
-    }
-    let file = dir.join("sluice.toml");
-    std::fs::write(&file, toml).unwrap();
-    let mut config = Config::load(&file).unwrap_or_else(|e| panic!("test config invalid:\n{e}"));
-    let any: std::net::SocketAddr = "127.0.0.1:0".parse().unwrap();
-    config.server.http = any;
-    config.server.grpc = any;
-    config.server.proxy = any;
-    let listeners = Listeners::bind(&config).await.unwrap();
-    let addrs = listeners.addrs();
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(sluice_server::run(config, listeners, async move {
-        let _ = rx.await;
-    }));
-    TestServer {
-        addrs,
-        dir,
-        file,
-        stop: Some(tx),
-        task: Some(task),
-    }
-}
-
-pub async fn start(toml: &str) -> TestServer {
-    start_with(toml, &[]).await
-}
-
-impl TestServer {
-    pub fn url(&self, path: &str) -> String {
-        format!("http://{}{}", self.addrs.http, path)
-    }
-    pub fn proxy_url(&self, path: &str) -> String {
-        format!(
-            "http://{}{}",
-            self.addrs.proxy.expect("proxy listener"),
-            path
-        )
-    }
-    pub fn grpc_url(&self) -> String {
-        format!("http://{}", self.addrs.grpc)
-    }
-    pub async fn stop(mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(task) = self.task.take() {
-            let r = tokio::time::timeout(std::time::Duration::from_secs(15), task).await;
-            r.expect("server stops within 15 s").unwrap().unwrap();
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-impl Drop for TestServer {
-    fn drop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-    }
-}
+pub use sluice_server::testing::{TestServer, start, start_with, temp_dir};
 
 pub fn client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
