@@ -25,6 +25,7 @@ pub mod api;
 pub mod cli;
 pub mod config;
 pub mod descriptors;
+pub mod limits;
 pub mod proxy;
 pub mod reload;
 pub mod rls;

@@ -292,12 +292,9 @@ async fn dispatch(State(state): State<ProxyState>, req: Request) -> Response {
     res
 }
 
-/// Serves the proxy on `listener` until `shutdown` resolves.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    shared: Shared,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
+/// The proxy as a router: every request goes through route matching, the route's policies and
+/// then the upstream.
+pub fn router(shared: Shared) -> axum::Router {
     let mut connector = HttpConnector::new();
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(Duration::from_secs(5)));
@@ -307,10 +304,18 @@ pub async fn serve(
         client,
         table: Arc::new(Mutex::new(None)),
     };
-    let router = axum::Router::new().fallback(dispatch).with_state(state);
+    axum::Router::new().fallback(dispatch).with_state(state)
+}
+
+/// Serves the proxy on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    shared: Shared,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     axum::serve(
         listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
+        router(shared).into_make_service_with_connect_info::<SocketAddr>(),
     )
     .with_graceful_shutdown(shutdown)
     .await

@@ -1,0 +1,67 @@
+//! Connection discipline: the limits every listener enforces so that slow or greedy clients cannot
+//! switch the service off.
+//!
+//! A rate limiter is attacked at its sockets before its policies: a client that opens thousands of
+//! connections, sends headers one byte at a time or never finishes a body holds descriptors and
+//! memory that the service needs for everyone else. These settings bound each of those resources.
+//! They are parsed from `[server]` (see `docs/configuration.md`) and applied by the listeners.
+
+use std::time::Duration;
+
+/// Limits of the HTTP listeners (decision API, admin, proxy).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// Longest time a client may take to send a complete request head.
+    pub header_read_timeout: Duration,
+    /// Longest time a client may take to send a request body once its head arrived.
+    pub body_timeout: Duration,
+    /// How long a keep-alive connection may sit idle between requests.
+    pub idle_timeout: Duration,
+    /// Largest request head (request line and headers) in bytes.
+    pub max_header_bytes: usize,
+    /// Most connections open at once over all listeners; `0` means derived from the process's
+    /// descriptor limit minus [`reserve`](Self::reserve).
+    pub max_connections: usize,
+    /// Most connections open at once from one client IP address (`0`: no per-client cap).
+    pub max_connections_per_ip: usize,
+    /// Connections kept back from the global cap for `/healthz`, `/readyz` and `/admin/*`.
+    pub reserve: usize,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: Duration::from_secs(10),
+            body_timeout: Duration::from_secs(30),
+            idle_timeout: Duration::from_secs(60),
+            max_header_bytes: 16 * 1024,
+            max_connections: 0,
+            max_connections_per_ip: 256,
+            reserve: 64,
+        }
+    }
+}
+
+/// Limits of the gRPC listener (Envoy's rate limit service).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrpcLimits {
+    /// Interval of HTTP/2 keep-alive pings to idle clients.
+    pub keepalive_interval: Duration,
+    /// How long to wait for a keep-alive ping's answer before closing the connection.
+    pub keepalive_timeout: Duration,
+    /// Most concurrent streams on one connection.
+    pub max_concurrent_streams: u32,
+    /// Longest time one call may take.
+    pub request_timeout: Duration,
+}
+
+impl Default for GrpcLimits {
+    fn default() -> Self {
+        Self {
+            keepalive_interval: Duration::from_secs(30),
+            keepalive_timeout: Duration::from_secs(10),
+            max_concurrent_streams: 1024,
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
