@@ -6,6 +6,11 @@
 //! | `redis://[user:pass@]host:port[/db]` | Redis or Valkey, standalone |
 //! | `rediss://...` | the same over TLS |
 //! | `redis+cluster://host:port,host:port` | Redis or Valkey Cluster (seed nodes) |
+//! | `redis+sentinel://host:port,host:port/<master>` | the master Sentinel reports |
+//!
+//! Every scheme of `sluice_redis::url::SCHEMES` (`valkey://`, `rediss+cluster://`, ...) is a
+//! Redis URL; the list and the redaction of passwords live there only, so the facade cannot
+//! disagree with the store about which URLs it takes.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,12 +33,13 @@ impl std::str::FromStr for StoreUrl {
         if s.is_empty() || s == "memory" || s.starts_with("memory://") {
             return Ok(StoreUrl::Memory);
         }
-        let scheme = s.split("://").next().unwrap_or("");
-        match scheme {
-            "redis" | "rediss" | "redis+cluster" | "rediss+cluster" | "redis-cluster"
-            | "valkey" | "valkeys" => Ok(StoreUrl::Redis(s.to_string())),
-            _ => Err(StoreError::Invalid(format!(
-                "unknown store URL {s:?}: expected memory, redis://, rediss:// or redis+cluster://"
+        // Which schemes are Redis URLs is the Redis store's knowledge, asked here.
+        match sluice_redis::url::scheme(s) {
+            Some(_) => Ok(StoreUrl::Redis(s.to_string())),
+            None => Err(StoreError::Invalid(format!(
+                "unknown store URL {:?}: expected memory or one of {}",
+                redact(s),
+                sluice_redis::url::scheme_list()
             ))),
         }
     }
@@ -49,19 +55,9 @@ impl std::fmt::Display for StoreUrl {
     }
 }
 
-/// The URL with any password replaced by `***`.
-pub fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let creds = &url[s + 3..at];
-            match creds.find(':') {
-                Some(c) => format!("{}{}:***{}", &url[..s + 3], &creds[..c], &url[at..]),
-                None => url.to_string(),
-            }
-        }
-        _ => url.to_string(),
-    }
-}
+/// The URL with any password (user info, `pass=` or `password=` query value) replaced by
+/// `***`; the Redis store's own function, so there is one redaction rule.
+pub use sluice_redis::url::redact;
 
 /// Options for connecting to a store.
 #[derive(Debug, Clone)]
@@ -70,6 +66,8 @@ pub struct StoreOptions {
     pub timeout: Duration,
     /// Embedded store: the most keys tracked before eviction (default 1,000,000).
     pub max_keys: usize,
+    /// Embedded store: the most bytes it allocates before eviction (default: unbounded).
+    pub max_memory: Option<usize>,
 }
 
 impl Default for StoreOptions {
@@ -77,6 +75,7 @@ impl Default for StoreOptions {
         Self {
             timeout: Duration::from_millis(50),
             max_keys: 1_000_000,
+            max_memory: None,
         }
     }
 }
@@ -85,11 +84,13 @@ impl StoreUrl {
     /// Connects to the store.
     pub async fn connect(&self, options: &StoreOptions) -> Result<Arc<dyn Store>, StoreError> {
         match self {
-            StoreUrl::Memory => Ok(Arc::new(
-                sluice_memory::MemoryStore::builder()
-                    .max_keys(options.max_keys)
-                    .build(),
-            )),
+            StoreUrl::Memory => {
+                let mut builder = sluice_memory::MemoryStore::builder().max_keys(options.max_keys);
+                if let Some(bytes) = options.max_memory {
+                    builder = builder.max_memory(bytes);
+                }
+                Ok(Arc::new(builder.build()))
+            }
             StoreUrl::Redis(url) => {
                 let options = sluice_redis::RedisOptions {
                     timeout: options.timeout,
@@ -118,5 +119,58 @@ mod tests {
             "redis://user:***@h:1/0"
         );
         assert_eq!(redact("redis://h:1"), "redis://h:1");
+    }
+
+    #[test]
+    fn accepts_every_scheme_the_redis_store_accepts() {
+        for url in [
+            "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster/0",
+            "rediss+sentinel://s1:1/m",
+            "valkey+sentinel://s1:1/m",
+            "valkey://h:1",
+            "valkeys+cluster://h:1,h:2",
+            "rediss+cluster://h:1,h:2",
+        ] {
+            assert_eq!(
+                url.parse::<StoreUrl>().unwrap(),
+                StoreUrl::Redis(url.to_string())
+            );
+        }
+        for s in sluice_redis::url::SCHEMES {
+            let url = format!("{}://h:1/m", s.name);
+            assert!(url.parse::<StoreUrl>().is_ok(), "{url}");
+        }
+    }
+
+    #[test]
+    fn the_error_lists_every_scheme_and_hides_the_password() {
+        let err = "mysql://u:secret@h:1?password=other"
+            .parse::<StoreUrl>()
+            .unwrap_err()
+            .to_string();
+        for scheme in [
+            "redis://",
+            "rediss://",
+            "valkey://",
+            "redis+cluster://",
+            "rediss+cluster://",
+            "redis+sentinel://",
+        ] {
+            assert!(err.contains(scheme), "{scheme} missing from {err}");
+        }
+        assert!(err.contains("memory"), "{err}");
+        assert!(!err.contains("secret") && !err.contains("other"), "{err}");
+    }
+
+    #[test]
+    fn redact_hides_a_password_in_the_query() {
+        assert_eq!(
+            redact("redis://h:1/0?password=secret"),
+            "redis://h:1/0?password=***"
+        );
+        assert_eq!(
+            StoreUrl::Redis("redis://u:pw@h:1?pass=pw2".into()).to_string(),
+            "redis://u:***@h:1?pass=***"
+        );
     }
 }

@@ -13,10 +13,83 @@
 //! instead of the system store), `cert=/path/client.pem&key=/path/client.key` (a client
 //! certificate, for servers with `tls-auth-clients yes`). The fragment `#insecure` (the `redis`
 //! crate's own) turns certificate verification off.
+//!
+//! This module is the one place that knows which schemes are Redis URLs ([`SCHEMES`],
+//! [`scheme`]) and how to print a URL without its password ([`redact`]): the `sluice` facade
+//! asks it before choosing a store, so a scheme accepted here is accepted everywhere.
 
 use crate::{RedisOptions, ScriptMode};
 use sluice_core::StoreError;
 use std::time::Duration;
+
+/// What a Redis URL connects to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topology {
+    /// One server.
+    Standalone,
+    /// A Cluster, from seed nodes.
+    Cluster,
+    /// The master that Sentinel reports for a name.
+    Sentinel,
+}
+
+/// One accepted URL scheme.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scheme {
+    /// The scheme as written before `://` (matched without regard to case).
+    pub name: &'static str,
+    /// What it connects to.
+    pub topology: Topology,
+    /// Whether the connection (to the master, for Sentinel) uses TLS.
+    pub tls: bool,
+}
+
+const fn scheme_entry(name: &'static str, topology: Topology, tls: bool) -> Scheme {
+    Scheme {
+        name,
+        topology,
+        tls,
+    }
+}
+
+/// Every scheme this store accepts, the primary spelling of each kind first.
+pub const SCHEMES: &[Scheme] = &[
+    scheme_entry("redis", Topology::Standalone, false),
+    scheme_entry("rediss", Topology::Standalone, true),
+    scheme_entry("valkey", Topology::Standalone, false),
+    scheme_entry("valkeys", Topology::Standalone, true),
+    scheme_entry("redis+cluster", Topology::Cluster, false),
+    scheme_entry("rediss+cluster", Topology::Cluster, true),
+    scheme_entry("redis-cluster", Topology::Cluster, false),
+    scheme_entry("rediss-cluster", Topology::Cluster, true),
+    scheme_entry("valkey+cluster", Topology::Cluster, false),
+    scheme_entry("valkeys+cluster", Topology::Cluster, true),
+    scheme_entry("redis+sentinel", Topology::Sentinel, false),
+    scheme_entry("rediss+sentinel", Topology::Sentinel, true),
+    scheme_entry("redis-sentinel", Topology::Sentinel, false),
+    scheme_entry("rediss-sentinel", Topology::Sentinel, true),
+    scheme_entry("valkey+sentinel", Topology::Sentinel, false),
+    scheme_entry("valkeys+sentinel", Topology::Sentinel, true),
+];
+
+/// The scheme of `url` if it is one of [`SCHEMES`] (`None` for anything else, including a
+/// text without `://`).
+pub fn scheme(url: &str) -> Option<Scheme> {
+    let (name, _) = url.trim().split_once("://")?;
+    SCHEMES
+        .iter()
+        .find(|s| s.name.eq_ignore_ascii_case(name))
+        .copied()
+}
+
+/// Every accepted scheme as `redis://, rediss://, ...`, for error messages.
+pub fn scheme_list() -> String {
+    SCHEMES
+        .iter()
+        .map(|s| format!("{}://", s.name))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 /// A parsed store URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,18 +132,17 @@ pub(crate) fn parse(url: &str, options: &mut RedisOptions) -> Result<ParsedUrl, 
             "unknown URL fragment {fragment:?}: only #insecure is supported"
         )));
     }
-    let (scheme, rest) = url
+    let (scheme_name, rest) = url
         .split_once("://")
         .ok_or_else(|| invalid(format!("not a Redis URL: {}", redact(url))))?;
-    let (cluster, sentinel, tls) = match scheme.to_ascii_lowercase().as_str() {
-        "redis" | "valkey" => (false, false, false),
-        "rediss" | "valkeys" => (false, false, true),
-        "redis+cluster" | "redis-cluster" | "valkey+cluster" => (true, false, false),
-        "rediss+cluster" | "rediss-cluster" | "valkeys+cluster" => (true, false, true),
-        "redis+sentinel" | "redis-sentinel" | "valkey+sentinel" => (false, true, false),
-        "rediss+sentinel" | "rediss-sentinel" | "valkeys+sentinel" => (false, true, true),
-        other => return Err(invalid(format!("unknown Redis URL scheme {other:?}"))),
+    let Some(Scheme { topology, tls, .. }) = scheme(url) else {
+        return Err(invalid(format!(
+            "unknown Redis URL scheme {scheme_name:?}: expected one of {}",
+            scheme_list()
+        )));
     };
+    let cluster = topology == Topology::Cluster;
+    let sentinel = topology == Topology::Sentinel;
     let (rest, query) = match rest.split_once('?') {
         Some((r, q)) => (r, Some(q)),
         None => (rest, None),
@@ -377,5 +449,37 @@ mod tests {
             "redis://user:***@h:1/0"
         );
         assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert_eq!(
+            redact("redis://h:1/0?password=secret&protocol=resp3"),
+            "redis://h:1/0?password=***&protocol=resp3"
+        );
+        assert_eq!(
+            redact("redis+sentinel://u:secret@s1:1,s2:2/m?password=other"),
+            "redis+sentinel://u:***@s1:1,s2:2/m?password=***"
+        );
+    }
+
+    #[test]
+    fn every_listed_scheme_parses_and_nothing_else() {
+        for s in SCHEMES {
+            let url = match s.topology {
+                Topology::Sentinel => format!("{}://s1:1,s2:2/m", s.name.to_uppercase()),
+                _ => format!("{}://h1:1", s.name.to_uppercase()),
+            };
+            let p = parse(&url, &mut RedisOptions::default()).unwrap();
+            assert_eq!(p.tls, s.tls, "{url}");
+            assert_eq!(p.cluster, s.topology == Topology::Cluster, "{url}");
+            assert_eq!(
+                p.sentinel.is_some(),
+                s.topology == Topology::Sentinel,
+                "{url}"
+            );
+            assert_eq!(scheme(&url), Some(*s));
+        }
+        assert_eq!(scheme("memory"), None);
+        assert_eq!(scheme("redis+foo://h:1"), None);
+        let err = parse("redis+foo://h:1", &mut RedisOptions::default()).unwrap_err();
+        assert!(err.to_string().contains("valkey://"), "{err}");
+        assert!(err.to_string().contains("rediss+sentinel://"), "{err}");
     }
 }
