@@ -12,7 +12,7 @@
 //!
 //! # Layout
 //! - [`config`]: the TOML file, checked with `FILE:LINE: field: message` errors.
-//! - [`descriptors`]: Envoy domains in envoyproxy/ratelimit YAML and descriptor matching (pure).
+//! - [`envoy`]: Envoy domains in envoyproxy/ratelimit YAML, descriptor matching, planning (pure).
 //! - [`state`]: the running configuration and limiter, swapped whole on reload; metrics.
 //! - [`api`]: the HTTP listener (decision API, health, metrics, admin).
 //! - [`rls`]: the Envoy `ShouldRateLimit` gRPC service.
@@ -24,13 +24,16 @@
 pub mod api;
 pub mod cli;
 pub mod config;
-pub mod descriptors;
+pub mod envoy;
 pub mod limits;
 pub mod proxy;
 pub mod reload;
 pub mod rls;
 pub mod state;
 pub mod testing;
+
+/// The former name of [`envoy`], kept so existing paths keep compiling.
+pub use envoy as descriptors;
 
 use std::future::Future;
 use std::net::SocketAddr;

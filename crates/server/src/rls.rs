@@ -1,7 +1,7 @@
 //! The Envoy rate limit service: `envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit`.
 //!
 //! Envoy's `envoy.filters.http.ratelimit` filter (and the network filter) send a domain and a
-//! list of descriptors; [`crate::descriptors::plan`] finds each one's limit and this module
+//! list of descriptors; [`crate::envoy::plan`] finds each one's limit and this module
 //! asks the limiter, in one all-or-nothing `check_many`, then answers with a status per
 //! descriptor. Every status is filled (code, current_limit, limit_remaining,
 //! duration_until_reset) so Envoy can emit its own `x-ratelimit-*` headers, and
@@ -27,7 +27,7 @@ use sluice::{DenyReason, Identity, Policy, Verdict};
 use sluice_http::headers::{HeaderOptions, rate_limit_headers};
 use tonic::{Request, Response, Status};
 
-use crate::descriptors::{Limit, Plan, RequestDescriptor, plan};
+use crate::envoy::{Limit, Plan, RequestDescriptor, plan};
 use crate::state::Shared;
 
 /// The most descriptors accepted in one call.

@@ -1,0 +1,398 @@
+//! The envoyproxy/ratelimit YAML format: domains, nested descriptors and `rate_limit` blocks,
+//! checked while they are read so every mistake carries the file's line.
+//!
+//! Files written for envoyproxy/ratelimit load unchanged: `domain`, nested `descriptors` with
+//! `key`, optional `value` (a trailing `*` matches by prefix), `rate_limit` (`unit`,
+//! `requests_per_unit`, `unlimited`, `name`, `replaces`), `shadow_mode`, and the metric options
+//! `detailed_metric`, `value_to_metric` and `share_threshold` (accepted, no effect here). One
+//! extension: `rate_limit.algorithm` picks another sluice algorithm for the same quota; without
+//! it a limit keeps its fixed-window meaning.
+
+use serde::Deserialize;
+use sluice::{Algorithm, LeakyMode, Rate};
+
+/// A time unit of a `rate_limit` (case-insensitive in files, as in the reference service).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Unit {
+    /// One second.
+    Second,
+    /// One minute.
+    Minute,
+    /// One hour.
+    Hour,
+    /// One day.
+    Day,
+    /// Seven days.
+    Week,
+    /// Thirty days (the reference service's month).
+    Month,
+    /// 365 days.
+    Year,
+}
+
+impl Unit {
+    /// The unit's length in milliseconds.
+    pub fn ms(self) -> u64 {
+        const S: u64 = 1000;
+        match self {
+            Unit::Second => S,
+            Unit::Minute => 60 * S,
+            Unit::Hour => 3600 * S,
+            Unit::Day => 86_400 * S,
+            Unit::Week => 7 * 86_400 * S,
+            Unit::Month => 30 * 86_400 * S,
+            Unit::Year => 365 * 86_400 * S,
+        }
+    }
+
+    /// The value of `envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit`.
+    pub fn response_proto(self) -> i32 {
+        match self {
+            Unit::Second => 1,
+            Unit::Minute => 2,
+            Unit::Hour => 3,
+            Unit::Day => 4,
+            Unit::Month => 5,
+            Unit::Year => 6,
+            Unit::Week => 7,
+        }
+    }
+
+    /// From `envoy.type.v3.RateLimitUnit` (the unit of a per-descriptor limit override).
+    pub fn from_override_proto(v: i32) -> Option<Unit> {
+        match v {
+            1 => Some(Unit::Second),
+            2 => Some(Unit::Minute),
+            3 => Some(Unit::Hour),
+            4 => Some(Unit::Day),
+            5 => Some(Unit::Month),
+            6 => Some(Unit::Year),
+            // Not in envoy.type.v3 today, but the response enum has it; accept it if it comes.
+            7 => Some(Unit::Week),
+            _ => None,
+        }
+    }
+
+    /// The lower-case name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Unit::Second => "second",
+            Unit::Minute => "minute",
+            Unit::Hour => "hour",
+            Unit::Day => "day",
+            Unit::Week => "week",
+            Unit::Month => "month",
+            Unit::Year => "year",
+        }
+    }
+}
+
+impl std::str::FromStr for Unit {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "second" => Unit::Second,
+            "minute" => Unit::Minute,
+            "hour" => Unit::Hour,
+            "day" => Unit::Day,
+            "week" => Unit::Week,
+            "month" => Unit::Month,
+            "year" => Unit::Year,
+            _ => {
+                return Err(format!(
+                    "invalid rate limit unit {s:?}: expected second, minute, hour, day, week, month or year"
+                ));
+            }
+        })
+    }
+}
+
+/// The sluice extension `rate_limit.algorithm`: how `requests_per_unit` per `unit` is enforced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum EnvoyAlgorithm {
+    /// The reference service's meaning: a counter per window aligned to the clock.
+    #[default]
+    FixedWindow,
+    /// Sliding window counter: the previous window weighted by its overlap.
+    SlidingCounter,
+    /// Exact sliding window log.
+    SlidingLog,
+    /// A bucket of `requests_per_unit` tokens refilled at `requests_per_unit` per unit.
+    TokenBucket,
+    /// GCRA with burst `requests_per_unit - 1`.
+    Gcra,
+    /// A policing leaky bucket of `requests_per_unit` draining at the same rate.
+    LeakyBucket,
+}
+
+impl std::str::FromStr for EnvoyAlgorithm {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "fixed-window" | "fixed_window" => EnvoyAlgorithm::FixedWindow,
+            "sliding-counter" | "sliding-window-counter" | "sliding_window_counter" => {
+                EnvoyAlgorithm::SlidingCounter
+            }
+            "sliding-log" | "sliding-window-log" | "sliding_window_log" => {
+                EnvoyAlgorithm::SlidingLog
+            }
+            "token-bucket" | "token_bucket" => EnvoyAlgorithm::TokenBucket,
+            "gcra" => EnvoyAlgorithm::Gcra,
+            "leaky-bucket" | "leaky_bucket" => EnvoyAlgorithm::LeakyBucket,
+            other => {
+                return Err(format!(
+                    "unknown algorithm {other:?}: expected fixed-window, sliding-counter, sliding-log, \
+                     token-bucket, gcra or leaky-bucket"
+                ));
+            }
+        })
+    }
+}
+
+impl EnvoyAlgorithm {
+    /// The sluice algorithm enforcing `rpu` per `unit_ms`.
+    pub fn algorithm(self, rpu: u64, unit_ms: u64) -> Algorithm {
+        let rate = Rate::new(rpu, unit_ms);
+        match self {
+            EnvoyAlgorithm::FixedWindow => Algorithm::FixedWindow {
+                limit: rpu,
+                window_ms: unit_ms,
+            },
+            EnvoyAlgorithm::SlidingCounter => Algorithm::SlidingWindowCounter {
+                limit: rpu,
+                window_ms: unit_ms,
+            },
+            EnvoyAlgorithm::SlidingLog => Algorithm::SlidingWindowLog {
+                limit: rpu,
+                window_ms: unit_ms,
+            },
+            EnvoyAlgorithm::TokenBucket => Algorithm::TokenBucket {
+                capacity: rpu,
+                rate,
+            },
+            EnvoyAlgorithm::Gcra => Algorithm::Gcra {
+                rate,
+                burst: rpu - 1,
+            },
+            EnvoyAlgorithm::LeakyBucket => Algorithm::LeakyBucket {
+                capacity: rpu,
+                rate,
+                mode: LeakyMode::Policing,
+            },
+        }
+    }
+}
+
+/// One domain as written in a file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DomainFile {
+    /// The domain name Envoy sends (`domain` of the ratelimit filter).
+    pub domain: String,
+    /// The top-level descriptors.
+    #[serde(default)]
+    pub descriptors: DescriptorList,
+}
+
+/// Descriptors of one level, with distinct composite keys.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(try_from = "Vec<DescriptorFile>")]
+pub struct DescriptorList(pub Vec<DescriptorFile>);
+
+impl TryFrom<Vec<DescriptorFile>> for DescriptorList {
+    type Error = String;
+    fn try_from(v: Vec<DescriptorFile>) -> Result<Self, String> {
+        let mut seen = std::collections::HashSet::new();
+        for d in &v {
+            if !seen.insert(d.composite_key()) {
+                return Err(format!(
+                    "duplicate descriptor composite key {:?}",
+                    d.composite_key()
+                ));
+            }
+        }
+        Ok(DescriptorList(v))
+    }
+}
+
+/// One descriptor as written in a file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(try_from = "RawDescriptor")]
+pub struct DescriptorFile {
+    /// The entry key.
+    pub key: String,
+    /// The entry value; absent means any value, each with its own counter.
+    pub value: Option<String>,
+    /// The limit applied when a request descriptor ends here.
+    pub rate_limit: Option<RateLimitFile>,
+    /// Deeper levels.
+    pub descriptors: DescriptorList,
+    /// Count over-limit requests but answer OK.
+    pub shadow_mode: bool,
+}
+
+impl DescriptorFile {
+    /// `key` or `key_value`, as the reference service indexes descriptors.
+    pub fn composite_key(&self) -> String {
+        match &self.value {
+            Some(v) => format!("{}_{}", self.key, v),
+            None => self.key.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDescriptor {
+    key: String,
+    #[serde(default)]
+    value: Option<String>,
+    #[serde(default)]
+    rate_limit: Option<RateLimitFile>,
+    #[serde(default)]
+    descriptors: DescriptorList,
+    #[serde(default)]
+    shadow_mode: bool,
+    // Metric options of the reference service: accepted, no effect here.
+    #[serde(default)]
+    #[allow(dead_code)]
+    detailed_metric: bool,
+    #[serde(default)]
+    #[allow(dead_code)]
+    value_to_metric: bool,
+    #[serde(default)]
+    #[allow(dead_code)]
+    share_threshold: bool,
+}
+
+impl TryFrom<RawDescriptor> for DescriptorFile {
+    type Error = String;
+    fn try_from(r: RawDescriptor) -> Result<Self, String> {
+        if r.key.is_empty() {
+            return Err("descriptor has empty key".into());
+        }
+        let value = r.value.filter(|v| !v.is_empty());
+        Ok(DescriptorFile {
+            key: r.key,
+            value,
+            rate_limit: r.rate_limit,
+            descriptors: r.descriptors,
+            shadow_mode: r.shadow_mode,
+        })
+    }
+}
+
+/// A `rate_limit` block, checked.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "RawRateLimit")]
+pub struct RateLimitFile {
+    /// `requests_per_unit` per `unit`; `None` when unlimited.
+    pub limit: Option<(u32, Unit)>,
+    /// The algorithm (sluice extension).
+    pub algorithm: EnvoyAlgorithm,
+    /// The limit's name, referenced by `replaces` of other limits.
+    pub name: Option<String>,
+    /// Names of limits this one replaces when both match one request.
+    pub replaces: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRateLimit {
+    #[serde(default)]
+    unit: Option<String>,
+    #[serde(default)]
+    requests_per_unit: Option<u32>,
+    #[serde(default)]
+    unlimited: bool,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default)]
+    replaces: Vec<RawReplace>,
+    #[serde(default)]
+    algorithm: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReplace {
+    name: String,
+}
+
+impl TryFrom<RawRateLimit> for RateLimitFile {
+    type Error = String;
+    fn try_from(r: RawRateLimit) -> Result<Self, String> {
+        let algorithm = match &r.algorithm {
+            Some(a) => a.parse()?,
+            None => EnvoyAlgorithm::default(),
+        };
+        let name = r.name.filter(|n| !n.is_empty());
+        let limit = if r.unlimited {
+            if let Some(u) = &r.unit
+                && u.parse::<Unit>().is_ok()
+            {
+                return Err("should not specify rate limit unit when unlimited".into());
+            }
+            None
+        } else {
+            let unit: Unit =
+                match &r.unit {
+                    Some(u) => u.parse()?,
+                    None => return Err(
+                        "rate_limit needs a unit (second, minute, hour, day, week, month, year)"
+                            .into(),
+                    ),
+                };
+            let rpu = r.requests_per_unit.unwrap_or(0);
+            if rpu > 0 {
+                algorithm
+                    .algorithm(u64::from(rpu), unit.ms())
+                    .validate()
+                    .map_err(|e| format!("requests_per_unit {rpu} per {}: {e}", unit.name()))?;
+            }
+            Some((rpu, unit))
+        };
+        let mut replaces = Vec::with_capacity(r.replaces.len());
+        for rep in r.replaces {
+            if rep.name.is_empty() {
+                return Err("should not have an empty replaces entry".into());
+            }
+            if name.as_deref() == Some(rep.name.as_str()) {
+                return Err("replaces should not contain name of same descriptor".into());
+            }
+            replaces.push(rep.name);
+        }
+        Ok(RateLimitFile {
+            limit,
+            algorithm,
+            name,
+            replaces,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_errors_carry_lines() {
+        let bad = "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 1\n";
+        let e = serde_yaml::from_str::<DomainFile>(bad).unwrap_err();
+        assert!(e.to_string().contains("fortnight"), "{e}");
+        assert!(e.location().is_some());
+        let dup = "domain: d\ndescriptors:\n  - key: k\n  - key: k\n";
+        let e = serde_yaml::from_str::<DomainFile>(dup).unwrap_err();
+        assert!(e.to_string().contains("duplicate"), "{e}");
+        let unknown = "domain: d\ndescriptors:\n  - key: k\n    rate_limits: {}\n";
+        let e = serde_yaml::from_str::<DomainFile>(unknown).unwrap_err();
+        assert_eq!(e.location().unwrap().line(), 4, "{e}");
+        let unl = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unlimited: true, unit: second }\n";
+        assert!(
+            serde_yaml::from_str::<DomainFile>(unl)
+                .unwrap_err()
+                .to_string()
+                .contains("unlimited")
+        );
+    }
+}

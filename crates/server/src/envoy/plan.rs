@@ -1,0 +1,267 @@
+//! Planning: what each descriptor of a request asks of the limiter (nothing, always OK, always
+//! over, or a check of one policy for one identity at one cost).
+//!
+//! Each distinct set of descriptor values gets its own counter, because the identity is built
+//! from the request's own entries. [`crate::rls`] turns a plan into store calls.
+
+use std::collections::HashSet;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use sluice::Identity;
+
+use super::file::{EnvoyAlgorithm, Unit};
+use super::tree::{Domains, Limit, build_policy};
+
+/// Escapes the separators of [`envoy_identity`] (and `%` itself) so distinct descriptors
+/// never share an identity.
+fn escape_part(out: &mut String, s: &str) {
+    for c in s.chars() {
+        match c {
+            '%' | ':' | '/' | '=' => {
+                let _ = write!(out, "%{:02X}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+}
+
+/// The identity of one request descriptor: `envoy:<domain>:<k1>=<v1>/<k2>=<v2>`, each part
+/// escaped; the key scheme escapes the whole again for the hash tag.
+pub fn envoy_identity(domain: &str, entries: &[(&str, &str)]) -> Identity {
+    let mut s = String::with_capacity(16 + domain.len() + entries.len() * 16);
+    s.push_str("envoy:");
+    escape_part(&mut s, domain);
+    s.push(':');
+    for (i, (k, v)) in entries.iter().enumerate() {
+        if i > 0 {
+            s.push('/');
+        }
+        escape_part(&mut s, k);
+        s.push('=');
+        escape_part(&mut s, v);
+    }
+    // Values come from the client (paths, headers): past the identity length limit, a keyed
+    // hash keeps keys bounded and distinct, and a long value still meets its limit.
+    if s.len() > sluice::core::key::MAX_IDENTITY_LEN {
+        let mut kind = String::from("envoy:");
+        escape_part(&mut kind, domain);
+        return Identity::credential(&kind, s.as_bytes(), &sluice::core::key::default_hash_key());
+    }
+    Identity::new(s)
+}
+
+/// A request descriptor reduced to what planning needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestDescriptor<'a> {
+    /// `(key, value)` entries.
+    pub entries: Vec<(&'a str, &'a str)>,
+    /// A per-descriptor limit override: `(requests_per_unit, envoy.type.v3.RateLimitUnit)`.
+    pub limit_override: Option<(u32, i32)>,
+    /// The per-descriptor `hits_addend`, when set.
+    pub hits_addend: Option<u64>,
+}
+
+/// What to do for one descriptor.
+#[derive(Debug, Clone)]
+pub enum Plan {
+    /// No limit applies (no match, unknown domain, or replaced by another limit): OK.
+    NoLimit,
+    /// The matched limit is unlimited: OK with `limit_remaining` at its maximum.
+    Unlimited,
+    /// `requests_per_unit` is 0: always over limit (unless shadow).
+    Zero(Arc<Limit>),
+    /// Check `policy` for `identity` with `cost`.
+    Check {
+        /// The limit (for the status's `current_limit`).
+        limit: Arc<Limit>,
+        /// Who is counted.
+        identity: Identity,
+        /// Units to consume (0 only checks).
+        cost: u64,
+    },
+}
+
+/// Plans a request: finds each descriptor's limit (or builds the override), applies
+/// `replaces`, and works out the cost (`hits_addend` 0 means 1; a per-descriptor value wins,
+/// and an explicit 0 there only checks).
+pub fn plan(
+    domains: &Domains,
+    domain: &str,
+    request_hits: u32,
+    descriptors: &[RequestDescriptor<'_>],
+) -> Vec<Plan> {
+    let request_cost = if request_hits == 0 {
+        1
+    } else {
+        u64::from(request_hits)
+    };
+    let mut limits: Vec<Option<Arc<Limit>>> = Vec::with_capacity(descriptors.len());
+    for d in descriptors {
+        let limit = match d.limit_override {
+            // As in the reference service: an override applies within a configured domain,
+            // with no shadow mode (unless everything is shadow) and no name.
+            Some((rpu, unit)) if domains.has(domain) => {
+                Unit::from_override_proto(unit).map(|unit| {
+                    Arc::new(Limit {
+                        full_key: format!("{domain}.override"),
+                        name: None,
+                        limit: Some((rpu, unit)),
+                        replaces: vec![],
+                        shadow: domains.global_shadow(),
+                        policy: build_policy(
+                            Some("override"),
+                            EnvoyAlgorithm::FixedWindow,
+                            rpu,
+                            unit,
+                            domains.global_shadow(),
+                        ),
+                    })
+                })
+            }
+            _ => domains.lookup(domain, &d.entries),
+        };
+        limits.push(limit);
+    }
+    let replaced: HashSet<&str> = limits
+        .iter()
+        .flatten()
+        .filter(|l| l.limit.is_some())
+        .flat_map(|l| l.replaces.iter().map(String::as_str))
+        .collect();
+    limits
+        .iter()
+        .zip(descriptors)
+        .map(|(limit, d)| {
+            let Some(limit) = limit else {
+                return Plan::NoLimit;
+            };
+            if limit.limit.is_none() {
+                return Plan::Unlimited;
+            }
+            if limit.name.as_deref().is_some_and(|n| replaced.contains(n)) {
+                return Plan::NoLimit;
+            }
+            if limit.policy.is_none() {
+                return Plan::Zero(Arc::clone(limit));
+            }
+            Plan::Check {
+                limit: Arc::clone(limit),
+                identity: envoy_identity(domain, &d.entries),
+                cost: d.hits_addend.unwrap_or(request_cost),
+            }
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::envoy::tree::tests::{REFERENCE, domains};
+
+    fn desc<'a>(entries: &[(&'a str, &'a str)]) -> RequestDescriptor<'a> {
+        RequestDescriptor {
+            entries: entries.to_vec(),
+            limit_override: None,
+            hits_addend: None,
+        }
+    }
+
+    #[test]
+    fn hits_addend_rules() {
+        let d = domains(REFERENCE);
+        let cost = |p: &Plan| match p {
+            Plan::Check { cost, .. } => *cost,
+            other => panic!("{other:?}"),
+        };
+        let ip = desc(&[("remote_address", "1")]);
+        assert_eq!(
+            cost(&plan(&d, "edge", 0, std::slice::from_ref(&ip))[0]),
+            1,
+            "0 means 1"
+        );
+        assert_eq!(cost(&plan(&d, "edge", 3, std::slice::from_ref(&ip))[0]), 3);
+        let mut own = ip.clone();
+        own.hits_addend = Some(5);
+        assert_eq!(
+            cost(&plan(&d, "edge", 3, &[own.clone()])[0]),
+            5,
+            "descriptor overrides request"
+        );
+        own.hits_addend = Some(0);
+        assert_eq!(
+            cost(&plan(&d, "edge", 3, &[own])[0]),
+            0,
+            "explicit 0 only checks"
+        );
+    }
+
+    #[test]
+    fn overrides_replace_the_configured_limit() {
+        let d = domains(REFERENCE);
+        let mut o = desc(&[("remote_address", "1")]);
+        o.limit_override = Some((3, 2));
+        let p = plan(&d, "edge", 0, &[o.clone()]);
+        let Plan::Check { limit, .. } = &p[0] else {
+            panic!()
+        };
+        assert_eq!(limit.limit, Some((3, Unit::Minute)));
+        // Even where nothing is configured, but only in a known domain.
+        let mut unmatched = desc(&[("nothing", "x")]);
+        unmatched.limit_override = Some((7, 1));
+        assert!(matches!(
+            plan(&d, "edge", 0, &[unmatched.clone()])[0],
+            Plan::Check { .. }
+        ));
+        assert!(matches!(
+            plan(&d, "unknown", 0, &[unmatched])[0],
+            Plan::NoLimit
+        ));
+    }
+
+    #[test]
+    fn replaces_drops_the_named_limit() {
+        let d = domains(REFERENCE);
+        let login = desc(&[("path", "/login")]);
+        let gold = desc(&[("client", "a"), ("plan", "gold")]);
+        let p = plan(&d, "edge", 0, &[login.clone(), gold]);
+        assert!(matches!(p[0], Plan::NoLimit));
+        assert!(matches!(p[1], Plan::Check { .. }));
+        assert!(matches!(
+            plan(&d, "edge", 0, &[login])[0],
+            Plan::Check { .. }
+        ));
+    }
+
+    #[test]
+    fn unlimited_zero_and_shadow() {
+        let d = domains(REFERENCE);
+        assert!(matches!(
+            plan(&d, "edge", 0, &[desc(&[("path", "/static/x")])])[0],
+            Plan::Unlimited
+        ));
+        assert!(matches!(
+            plan(&d, "edge", 0, &[desc(&[("banned", "x")])])[0],
+            Plan::Zero(_)
+        ));
+        let p = plan(&d, "edge", 0, &[desc(&[("trial", "x")])]);
+        let Plan::Check { limit, .. } = &p[0] else {
+            panic!()
+        };
+        assert!(limit.shadow && limit.policy.as_ref().unwrap().shadow);
+    }
+
+    #[test]
+    fn identities_are_injective() {
+        let a = envoy_identity("d", &[("a", "b=c")]);
+        let b = envoy_identity("d", &[("a=b", "c")]);
+        assert_ne!(a, b);
+        let c = envoy_identity("d", &[("a", "b"), ("c", "d")]);
+        let e = envoy_identity("d", &[("a", "b/c=d")]);
+        assert_ne!(c, e);
+        assert_eq!(
+            envoy_identity("edge", &[("remote_address", "10.0.0.1")]).as_str(),
+            "envoy:edge:remote_address=10.0.0.1"
+        );
+    }
+}
