@@ -9,6 +9,10 @@
 //!
 //! Identities taken from credentials (API keys, bearer tokens) never reach a key in clear:
 //! [`Identity::credential`] replaces them with a keyed BLAKE3 hash.
+//!
+//! [`KeyScheme::parse`] is the inverse of [`KeyScheme::shard_key`], kept next to it so the
+//! format is known in one place: tools that read key names back (lease tokens, key dumps)
+//! ask the scheme instead of matching strings themselves.
 
 use std::fmt::Write as _;
 
@@ -135,6 +139,116 @@ impl KeyScheme {
     }
 }
 
+/// The parts of a key name, as [`KeyScheme::parse`] reads them back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParsedKey {
+    /// The identity, unescaped.
+    pub identity: Identity,
+    /// The policy name.
+    pub policy: String,
+    /// The shard of a sharded policy's key, `None` for an unsharded key.
+    pub shard: Option<u32>,
+}
+
+/// Why a text is not a key name of a [`KeyScheme`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a key of the scheme with prefix {prefix:?}: {reason} (key {key:?})")]
+pub struct KeyParseError {
+    /// The scheme's prefix.
+    pub prefix: String,
+    /// The text that was given.
+    pub key: String,
+    /// What is wrong with it.
+    pub reason: &'static str,
+}
+
+/// The identity bytes of an escaped hash tag, or `None` when the text is not an escape's
+/// output (a bad `%XX`, or a byte that would have been escaped).
+fn unescape_identity(escaped: &str) -> Option<Vec<u8>> {
+    if escaped == "%" {
+        return Some(Vec::new());
+    }
+    let b = escaped.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = escaped.get(i + 1..i + 3)?;
+            if !hex
+                .bytes()
+                .all(|h| h.is_ascii_digit() || (b'A'..=b'F').contains(&h))
+            {
+                return None;
+            }
+            let v = u8::from_str_radix(hex, 16).ok()?;
+            // A safe byte is never escaped: `%41` is not how `A` is written.
+            if is_safe(v) {
+                return None;
+            }
+            out.push(v);
+            i += 3;
+        } else if is_safe(b[i]) {
+            out.push(b[i]);
+            i += 1;
+        } else {
+            return None;
+        }
+    }
+    Some(out)
+}
+
+impl KeyScheme {
+    /// Reads a key name back into identity, policy and shard: the inverse of
+    /// [`KeyScheme::shard_key`]. Only texts that `shard_key` produces are accepted, so
+    /// `parse(shard_key(i, p, s)) == (i, p, s)` and a key has one parse.
+    pub fn parse(&self, key: &str) -> Result<ParsedKey, KeyParseError> {
+        let fail = |reason| KeyParseError {
+            prefix: self.prefix.clone(),
+            key: key.to_string(),
+            reason,
+        };
+        let rest = key
+            .strip_prefix(self.prefix.as_str())
+            .and_then(|r| r.strip_prefix(":{"))
+            .ok_or_else(|| fail("it does not start with the prefix, `:` and `{`"))?;
+        // The escaped identity never contains `}` or `#`, so the first `}` closes the tag
+        // and a `#` in it starts the shard number.
+        let (tag, policy) = rest
+            .split_once('}')
+            .ok_or_else(|| fail("the hash tag is not closed"))?;
+        let policy = policy
+            .strip_prefix(':')
+            .ok_or_else(|| fail("no `:` between the hash tag and the policy"))?;
+        let (escaped, shard) = match tag.split_once('#') {
+            Some((id, n)) => {
+                let canonical = !n.is_empty()
+                    && n.bytes().all(|d| d.is_ascii_digit())
+                    && (n == "0" || !n.starts_with('0'));
+                let n = n
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|_| canonical)
+                    .ok_or_else(|| fail("the shard is not a number"))?;
+                (id, Some(n))
+            }
+            None => (tag, None),
+        };
+        if escaped.is_empty() {
+            return Err(fail(
+                "the identity is empty (an empty identity is written `%`)",
+            ));
+        }
+        let bytes = unescape_identity(escaped)
+            .ok_or_else(|| fail("the identity is not escaped as the scheme escapes it"))?;
+        let identity = String::from_utf8(bytes).map_err(|_| fail("the identity is not UTF-8"))?;
+        Ok(ParsedKey {
+            identity: Identity::new(identity),
+            policy: policy.to_string(),
+            shard,
+        })
+    }
+}
+
 /// The hash-tag part of a key as Redis Cluster defines it: the text between the first `{`
 /// and the next `}` if that is non-empty, else the whole key.
 pub fn hash_tag(key: &[u8]) -> &[u8] {
@@ -188,6 +302,119 @@ mod tests {
         assert_eq!(a, "rl:{%}:a");
         assert_eq!(key_slot(a.as_bytes()), key_slot(b.as_bytes()));
         assert_ne!(a, s.key(&Identity::new("%"), "a"));
+    }
+
+    #[test]
+    fn parse_reads_back_what_the_builder_wrote() {
+        let s = KeyScheme::default();
+        let k = s.shard_key(&Identity::new("a}{b:c#d"), "per:min}", Some(7));
+        assert_eq!(k, "rl:{a%7D%7Bb:c%23d#7}:per:min}");
+        assert_eq!(
+            s.parse(&k).unwrap(),
+            ParsedKey {
+                identity: Identity::new("a}{b:c#d"),
+                policy: "per:min}".into(),
+                shard: Some(7),
+            }
+        );
+        let p = s.parse("rl:{%}:tb").unwrap();
+        assert_eq!((p.identity.as_str(), p.shard), ("", None));
+        let other = KeyScheme::with_prefix("app.v2");
+        assert_eq!(
+            other.parse("app.v2:{user:42}:tb").unwrap().identity,
+            Identity::new("user:42")
+        );
+    }
+
+    #[test]
+    fn parse_refuses_what_the_builder_never_writes() {
+        let s = KeyScheme::default();
+        for bad in [
+            "",
+            "rl",
+            "xx:{a}:p",
+            "rl:a:p",
+            "rl:{a:p",
+            "rl:{a}p",
+            "rl:{}:p",
+            "rl:{a b}:p",
+            "rl:{%7d}:p",
+            "rl:{%41}:p",
+            "rl:{%4}:p",
+            "rl:{%FF}:p",
+            "rl:{a#}:p",
+            "rl:{a#07}:p",
+            "rl:{a#-1}:p",
+            "rl:{a#4294967296}:p",
+        ] {
+            let err = s.parse(bad).unwrap_err();
+            assert_eq!(err.key, bad);
+        }
+        assert!(
+            s.parse("rl:{%41}:p")
+                .unwrap_err()
+                .to_string()
+                .contains("escaped")
+        );
+    }
+
+    #[test]
+    fn parse_round_trips_every_short_identity_over_hostile_bytes() {
+        // Every identity of up to three characters from an alphabet holding the tag's
+        // delimiters, the escape character, the shard separator and a non-ASCII letter.
+        let alphabet = ['a', '{', '}', ':', '%', '#', ' ', 'é', '0'];
+        let s = KeyScheme::with_prefix("rl");
+        let mut ids = vec![String::new()];
+        for len in 1..=3 {
+            let mut next = Vec::new();
+            for id in ids.iter().filter(|i| i.chars().count() == len - 1) {
+                for c in alphabet {
+                    next.push(format!("{id}{c}"));
+                }
+            }
+            ids.extend(next);
+        }
+        assert_eq!(ids.len(), 1 + 9 + 81 + 729);
+        for id in &ids {
+            for (policy, shard) in [("p", None), ("a:b}{", Some(0)), ("", Some(u32::MAX))] {
+                let identity = Identity::new(id.as_str());
+                let key = s.shard_key(&identity, policy, shard);
+                let parsed = s.parse(&key).unwrap();
+                assert_eq!(
+                    parsed,
+                    ParsedKey {
+                        identity,
+                        policy: policy.to_string(),
+                        shard
+                    },
+                    "{key}"
+                );
+            }
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn parse_inverts_shard_key(
+            id in "(?s).{0,40}",
+            policy in "(?s).{0,20}",
+            shard in proptest::option::of(proptest::prelude::any::<u32>()),
+        ) {
+            let s = KeyScheme::default();
+            let key = s.shard_key(&Identity::new(id.as_str()), &policy, shard);
+            let parsed = s.parse(&key).unwrap();
+            proptest::prop_assert_eq!(parsed.identity.as_str(), id.as_str());
+            proptest::prop_assert_eq!(parsed.policy, policy);
+            proptest::prop_assert_eq!(parsed.shard, shard);
+        }
+
+        #[test]
+        fn a_parsed_key_rebuilds_to_itself(key in "rl:\\{[a-zA-Z0-9%:#{}]{0,12}\\}:[a-z:]{0,6}") {
+            let s = KeyScheme::default();
+            if let Ok(p) = s.parse(&key) {
+                proptest::prop_assert_eq!(s.shard_key(&p.identity, &p.policy, p.shard), key);
+            }
+        }
     }
 
     #[test]
