@@ -1,0 +1,117 @@
+//! Checks shared by every section: durations, addresses, bounded numbers, secrets, failure
+//! modes. Each reports through the [`Checker`] and answers a usable fallback, so one pass
+//! finds every problem in the file instead of stopping at the first.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use sluice::FailureMode;
+use sluice::core::policy::parse_duration_ms;
+use toml::Spanned;
+
+use super::error::Checker;
+
+/// Reads a secret: `env:NAME` takes the value of an environment variable, anything else is
+/// the secret itself.
+pub(super) fn secret(s: &str) -> Result<String, String> {
+    match s.strip_prefix("env:") {
+        Some(var) => {
+            std::env::var(var).map_err(|_| format!("environment variable {var} is not set"))
+        }
+        None => Ok(s.to_string()),
+    }
+}
+
+/// 32 bytes written as 64 hex digits.
+pub(super) fn hex32(s: &str) -> Result<[u8; 32], String> {
+    let s = s.trim();
+    let bad = || {
+        "must be 64 hex digits (32 bytes), e.g. the output of `openssl rand -hex 32`".to_string()
+    };
+    if s.len() != 64 {
+        return Err(bad());
+    }
+    let mut out = [0u8; 32];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+    }
+    Ok(out)
+}
+
+/// `open` or `closed`.
+pub(super) fn failure_mode(s: &str) -> Result<FailureMode, String> {
+    match s {
+        "open" => Ok(FailureMode::Open),
+        "closed" => Ok(FailureMode::Closed),
+        other => Err(format!(
+            "unknown failure mode {other:?}: expected open or closed"
+        )),
+    }
+}
+
+/// A duration such as `50ms`, `10s`, `1m`.
+pub(super) fn duration(s: &str) -> Result<Duration, String> {
+    parse_duration_ms(s)
+        .map(Duration::from_millis)
+        .map_err(|e| e.to_string())
+}
+
+impl Checker<'_> {
+    /// A listener address, or `default` when absent.
+    pub(super) fn addr(
+        &mut self,
+        v: &Option<Spanned<String>>,
+        field: &str,
+        default: &str,
+    ) -> SocketAddr {
+        let fallback: SocketAddr = default.parse().expect("default address");
+        match v {
+            None => fallback,
+            Some(s) => s.get_ref().parse().unwrap_or_else(|_| {
+                self.at(
+                    s.span(),
+                    field,
+                    format!(
+                        "invalid address {:?}: expected IP:PORT such as 127.0.0.1:8080",
+                        s.get_ref()
+                    ),
+                );
+                fallback
+            }),
+        }
+    }
+
+    /// A number in `1..=max`, or `default` when absent.
+    pub(super) fn bounded(
+        &mut self,
+        v: &Option<Spanned<u64>>,
+        field: &str,
+        default: u64,
+        max: u64,
+    ) -> u64 {
+        match v {
+            None => default,
+            Some(n) if *n.get_ref() == 0 || *n.get_ref() > max => {
+                self.at(n.span(), field, format!("must be between 1 and {max}"));
+                default
+            }
+            Some(n) => *n.get_ref(),
+        }
+    }
+
+    /// A duration, or `default` when absent.
+    pub(super) fn duration(
+        &mut self,
+        v: &Option<Spanned<String>>,
+        field: &str,
+        default: Duration,
+    ) -> Duration {
+        match v {
+            None => default,
+            Some(s) => duration(s.get_ref()).unwrap_or_else(|e| {
+                self.at(s.span(), field, e);
+                default
+            }),
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! The configuration file: one TOML file, checked completely before anything runs.
+//!
+//! Parsing is two passes. Serde reads the file into raw structs whose values keep their byte
+//! spans ([`raw`]), which catches syntax errors, unknown fields and wrong types with the exact
+//! place. Validation then turns raw values into sluice types (`5/s` into a [`Rate`],
+//! `token-bucket` into an [`Algorithm`]...) and collects every semantic error, each with the
+//! line of the value at fault. `sluice validate` prints them as `FILE:LINE: field: message`; a
+//! reload that fails keeps the running configuration and logs the same lines. The meaning of
+//! every field is in `docs/configuration.md`.
+//!
+//! # Layout
+//! - [`error`]: the error type and how a byte span becomes `FILE:LINE: field`.
+//! - `raw`: the file as serde reads it.
+//! - `check`: checks shared by the sections (durations, addresses, secrets).
+//! - one module per section: `server` (with the top-level secrets), `store`, [`policy`],
+//!   `routes` (with `[proxy]`), `envoy`.
+//!
+//! [`Rate`]: sluice::Rate
+//! [`Algorithm`]: sluice::Algorithm
+
+mod check;
+mod envoy;
+pub mod error;
+pub mod policy;
+mod raw;
+mod routes;
+mod server;
+mod store;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice::{FailureMode, Policy};
+
+use crate::descriptors::Domains;
+
+pub use envoy::load_domain_yaml;
+pub use error::{ConfigError, ConfigErrors, field_at, line_of};
+
+/// Default HTTP listener (decision API, metrics, health).
+pub const DEFAULT_HTTP: &str = "127.0.0.1:8080";
+/// Default gRPC listener (Envoy rate limit service, gRPC health).
+pub const DEFAULT_GRPC: &str = "127.0.0.1:8081";
+/// Default reverse proxy listener (only opened when routes are configured).
+pub const DEFAULT_PROXY: &str = "127.0.0.1:8082";
+
+/// Where a policy's identity comes from when the reverse proxy enforces it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdentitySource {
+    /// The client address (after trusted proxies).
+    Ip,
+    /// A request header, as is (an id set by an authenticating gateway).
+    Header(http::HeaderName),
+    /// A credential header (API key); hashed with the identity hash key before use.
+    ApiKey(http::HeaderName),
+    /// The bearer token of `Authorization`, hashed.
+    Bearer,
+    /// One shared limit for everyone.
+    Global,
+}
+
+impl std::str::FromStr for IdentitySource {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let header = |h: &str| {
+            http::HeaderName::from_bytes(h.trim().as_bytes())
+                .map_err(|_| format!("invalid header name {h:?}"))
+        };
+        match s.split_once(':') {
+            None if s == "ip" => Ok(IdentitySource::Ip),
+            None if s == "bearer" => Ok(IdentitySource::Bearer),
+            None if s == "global" => Ok(IdentitySource::Global),
+            Some(("header", h)) => Ok(IdentitySource::Header(header(h)?)),
+            Some(("api-key", h)) => Ok(IdentitySource::ApiKey(header(h)?)),
+            _ => Err(format!(
+                "unknown identity source {s:?}: expected ip, header:NAME, api-key:NAME, bearer or global"
+            )),
+        }
+    }
+}
+
+/// A named policy with the identity the proxy limits it by.
+#[derive(Debug, Clone)]
+pub struct PolicyConfig {
+    /// The policy (name, algorithm, failure mode, shadow, shards).
+    pub policy: Arc<Policy>,
+    /// The identity source for proxied requests.
+    pub identity: IdentitySource,
+}
+
+/// A reverse proxy route.
+#[derive(Debug, Clone)]
+pub struct Route {
+    /// Path prefix (`/` matches everything). The longest matching prefix wins.
+    pub prefix: String,
+    /// Methods matched; empty means any.
+    pub methods: Vec<http::Method>,
+    /// Policies enforced, all or nothing.
+    pub policies: Vec<String>,
+    /// Where admitted requests go (`http://host:port`, optionally with a base path).
+    pub upstream: http::Uri,
+}
+
+/// The listeners.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerConfig {
+    /// Decision API, `/metrics`, `/healthz`, `/readyz`.
+    pub http: SocketAddr,
+    /// Envoy rate limit service and gRPC health.
+    pub grpc: SocketAddr,
+    /// Reverse proxy (used when routes exist).
+    pub proxy: SocketAddr,
+    /// Largest request body of the decision API.
+    pub max_body_bytes: usize,
+    /// Most policies in one `/v1/check`.
+    pub max_policies_per_check: usize,
+    /// How long to wait for requests in flight on shutdown.
+    pub shutdown_grace: Duration,
+    /// How often to look at the file's modification time (zero: only SIGHUP).
+    pub reload_poll: Duration,
+}
+
+/// The store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoreConfig {
+    /// `memory`, `redis://...`, `rediss://...`, `redis+cluster://...`.
+    pub url: String,
+    /// Per-call timeout.
+    pub timeout: Duration,
+    /// The failure mode of policies that do not set one.
+    pub failure_mode: FailureMode,
+    /// Embedded store: most keys tracked.
+    pub max_keys: usize,
+    /// Key prefix (`rl`).
+    pub key_prefix: String,
+}
+
+/// The proxy's settings beyond its routes.
+#[derive(Debug, Clone, Default)]
+pub struct ProxyConfig {
+    /// Peers whose `X-Forwarded-For` is believed when finding the client address.
+    pub trusted_proxies: Vec<String>,
+    /// Largest time to wait for the upstream's response headers.
+    pub upstream_timeout: Option<Duration>,
+}
+
+/// A checked configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it came from (reloads read it again).
+    pub path: Option<PathBuf>,
+    /// Listeners and limits of the service itself.
+    pub server: ServerConfig,
+    /// The store.
+    pub store: StoreConfig,
+    /// Secret for hashing credential identities.
+    pub identity_hash_key: [u8; 32],
+    /// Token required by admin endpoints (`/metrics`, `/admin/*`); none means open.
+    pub admin_token: Option<String>,
+    /// Every policy is shadow: computed and counted, never enforced.
+    pub shadow: bool,
+    /// Also send the legacy `X-RateLimit-Limit/Remaining/Reset` headers.
+    pub legacy_headers: bool,
+    /// Files whose changes trigger a reload: this file and the Envoy YAML files.
+    pub watched: Vec<PathBuf>,
+    /// Named policies.
+    pub policies: BTreeMap<String, PolicyConfig>,
+    /// Reverse proxy routes, longest prefix first.
+    pub routes: Vec<Route>,
+    /// Proxy settings.
+    pub proxy: ProxyConfig,
+    /// Envoy domains.
+    pub domains: Arc<Domains>,
+}
+
+impl Config {
+    /// Reads and checks a file.
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        let name = path.display().to_string();
+        let src = std::fs::read_to_string(path).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                file: name.clone(),
+                line: None,
+                field: "-".into(),
+                message: e.to_string(),
+            }])
+        })?;
+        let mut c = parse(&src, &name, path.parent())?;
+        c.path = Some(path.to_path_buf());
+        c.watched.insert(0, path.to_path_buf());
+        Ok(c)
+    }
+
+    /// Checks configuration text; `dir` resolves relative Envoy file paths.
+    pub fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErrors> {
+        parse(src, file, dir)
+    }
+
+    /// The settings that need a new store connection when they change.
+    pub fn store_identity(&self) -> (String, Duration, usize, String) {
+        (
+            self.store.url.clone(),
+            self.store.timeout,
+            self.store.max_keys,
+            self.store.key_prefix.clone(),
+        )
+    }
+}
+
+/// Both passes over one file: serde, then one check per section. Every error is collected,
+/// sorted by line.
+fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErrors> {
+    let raw: raw::RawConfig = toml::from_str(src).map_err(|e| error::from_toml(src, file, &e))?;
+    let mut ck = error::Checker::new(src, file);
+    let server = server::check_server(&mut ck, &raw);
+    let store = store::check_store(&mut ck, &raw.store);
+    let admin_token = server::check_admin_token(&mut ck, &raw);
+    let identity_hash_key = server::check_identity_hash_key(&mut ck, &raw);
+    let policies = policy::check_policies(&mut ck, &raw, store.failure_mode);
+    let routes = routes::check_routes(&mut ck, &raw);
+    let proxy = routes::check_proxy(&mut ck, &raw.proxy);
+    let envoy = envoy::check_envoy(&mut ck, &raw, dir);
+
+    let mut errors = ck.errors;
+    errors.extend(envoy.yaml_errors);
+    if !errors.is_empty() {
+        errors.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
+        return Err(ConfigErrors(errors));
+    }
+    Ok(Config {
+        path: None,
+        server,
+        store,
+        identity_hash_key,
+        admin_token,
+        shadow: raw.shadow,
+        legacy_headers: raw.legacy_headers,
+        watched: envoy.files,
+        policies,
+        routes,
+        proxy,
+        domains: Arc::new(envoy.domains),
+    })
+}

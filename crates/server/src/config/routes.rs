@@ -1,0 +1,123 @@
+//! `[[routes]]` and `[proxy]`: what the reverse proxy forwards where, and under which
+//! policies.
+
+use super::check::duration;
+use super::error::Checker;
+use super::raw::{RawConfig, RawProxy};
+use super::{ProxyConfig, Route};
+
+/// Checks every `[[routes]]`; a route's policies must exist. Sorted longest prefix first.
+pub(super) fn check_routes(ck: &mut Checker<'_>, raw: &RawConfig) -> Vec<Route> {
+    let mut routes = Vec::new();
+    for (i, r) in raw.routes.iter().enumerate() {
+        let field = format!("routes[{i}]");
+        let rr = r.get_ref();
+        let mut ok = true;
+        if !rr.prefix.get_ref().starts_with('/') {
+            ck.at(
+                rr.prefix.span(),
+                format!("{field}.prefix"),
+                "must start with /",
+            );
+            ok = false;
+        }
+        let mut methods = Vec::new();
+        for m in &rr.methods {
+            match http::Method::from_bytes(m.get_ref().to_ascii_uppercase().as_bytes()) {
+                Ok(method) => methods.push(method),
+                Err(_) => {
+                    ck.at(
+                        m.span(),
+                        format!("{field}.methods"),
+                        format!("invalid method {:?}", m.get_ref()),
+                    );
+                    ok = false;
+                }
+            }
+        }
+        for p in &rr.policies {
+            if !raw.policies.keys().any(|k| k.get_ref() == p.get_ref()) {
+                ck.at(
+                    p.span(),
+                    format!("{field}.policies"),
+                    format!("unknown policy {:?}", p.get_ref()),
+                );
+                ok = false;
+            }
+        }
+        let upstream = match rr.upstream.get_ref().parse::<http::Uri>() {
+            Ok(u)
+                if u.scheme_str() == Some("http")
+                    && u.authority().is_some()
+                    && u.query().is_none() =>
+            {
+                Some(u)
+            }
+            Ok(u) if u.scheme_str() == Some("https") => {
+                ck.at(
+                    rr.upstream.span(),
+                    format!("{field}.upstream"),
+                    format!(
+                        "{u}: https upstreams are not supported; terminate TLS in front of the \
+                         upstream or use plain http on a private network"
+                    ),
+                );
+                None
+            }
+            _ => {
+                ck.at(
+                    rr.upstream.span(),
+                    format!("{field}.upstream"),
+                    format!(
+                        "invalid upstream {:?}: expected http://HOST:PORT[/base]",
+                        rr.upstream.get_ref()
+                    ),
+                );
+                None
+            }
+        };
+        if let (true, Some(upstream)) = (ok, upstream) {
+            routes.push(Route {
+                prefix: rr.prefix.get_ref().clone(),
+                methods,
+                policies: rr.policies.iter().map(|p| p.get_ref().clone()).collect(),
+                upstream,
+            });
+        }
+    }
+    routes.sort_by_key(|r| std::cmp::Reverse(r.prefix.len()));
+    routes
+}
+
+/// Checks `[proxy]`.
+pub(super) fn check_proxy(ck: &mut Checker<'_>, p: &RawProxy) -> ProxyConfig {
+    let mut trusted = Vec::new();
+    for t in &p.trusted_proxies {
+        let v = t.get_ref();
+        let ok = v.parse::<ipnet::IpNet>().is_ok() || v.parse::<std::net::IpAddr>().is_ok();
+        if ok {
+            trusted.push(v.clone());
+        } else {
+            ck.at(
+                t.span(),
+                "proxy.trusted_proxies",
+                format!("invalid network {v:?}: expected an address or CIDR such as 10.0.0.0/8"),
+            );
+        }
+    }
+    let upstream_timeout = p
+        .upstream_timeout
+        .as_ref()
+        .and_then(|t| match duration(t.get_ref()) {
+            Ok(d) if !d.is_zero() => Some(d),
+            Ok(_) => None,
+            Err(e) => {
+                ck.at(t.span(), "proxy.upstream_timeout", e);
+                None
+            }
+        });
+    ProxyConfig {
+        trusted_proxies: trusted,
+        upstream_timeout,
+    }
+}

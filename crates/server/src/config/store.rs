@@ -1,0 +1,66 @@
+//! `[store]`: where the limit state lives and what happens when it does not answer.
+
+use std::time::Duration;
+
+use sluice::{FailureMode, StoreUrl};
+
+use super::StoreConfig;
+use super::check::failure_mode;
+use super::error::Checker;
+use super::raw::RawStore;
+
+/// Checks `[store]`.
+pub(super) fn check_store(ck: &mut Checker<'_>, st: &RawStore) -> StoreConfig {
+    let url = match &st.url {
+        None => "memory".to_string(),
+        Some(u) => {
+            if let Err(e) = u.get_ref().parse::<StoreUrl>() {
+                ck.at(u.span(), "store.url", e.to_string());
+            }
+            u.get_ref().clone()
+        }
+    };
+    let timeout = ck.duration(&st.timeout, "store.timeout", Duration::from_millis(50));
+    if timeout.is_zero() {
+        ck.at(
+            st.timeout.as_ref().map_or(0..0, |t| t.span()),
+            "store.timeout",
+            "must be above 0",
+        );
+    }
+    let failure_mode = match &st.failure_mode {
+        None => FailureMode::Open,
+        Some(f) => failure_mode(f.get_ref()).unwrap_or_else(|e| {
+            ck.at(f.span(), "store.failure_mode", e);
+            FailureMode::Open
+        }),
+    };
+    let max_keys = match &st.max_keys {
+        None => 1_000_000,
+        Some(n) if *n.get_ref() == 0 => {
+            ck.at(n.span(), "store.max_keys", "must be at least 1");
+            1_000_000
+        }
+        Some(n) => *n.get_ref() as usize,
+    };
+    let key_prefix = match &st.key_prefix {
+        None => "rl".to_string(),
+        Some(p) => {
+            if sluice::core::policy::validate_policy_name(p.get_ref()).is_err() {
+                ck.at(
+                    p.span(),
+                    "store.key_prefix",
+                    "must be 1 to 64 ASCII letters, digits, '-', '_' or '.'",
+                );
+            }
+            p.get_ref().clone()
+        }
+    };
+    StoreConfig {
+        url,
+        timeout,
+        failure_mode,
+        max_keys,
+        key_prefix,
+    }
+}
