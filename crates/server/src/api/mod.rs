@@ -1,0 +1,170 @@
+//! The HTTP listener: the decision API for applications in any language, and the operator
+//! endpoints (`/metrics`, `/healthz`, `/readyz`, `/admin/reload`).
+//!
+//! `POST /v1/check` answers with the decision *and* the exact headers the caller should put on
+//! its own response, so a ten-line middleware in FastAPI or Express gives the same answers as
+//! the tower layer. Every malformed request gets a `400 application/problem+json` naming what is
+//! wrong; bodies are read up to `server.max_body_bytes` and no further (`413` beyond).
+//!
+//! # Layout
+//! - this module: the router and what every endpoint shares (reading a JSON body, answering
+//!   JSON, counting requests);
+//! - [`check`]: `/v1/check` and `/v1/release`, the decision API;
+//! - [`admin`]: `/healthz`, `/readyz`, `/metrics` and `/admin/reload`, with the admin token;
+//! - [`openapi`]: the request and response shapes, served at `/openapi.json`.
+
+mod admin;
+mod check;
+mod openapi;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::response::Response;
+use axum::routing::{get, post};
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use http::{HeaderValue, StatusCode};
+use http_body_util::BodyExt;
+use serde_json::{Map, Value};
+use sluice_http::headers::{PROBLEM_JSON, problem_json};
+
+pub use openapi::openapi;
+
+use crate::state::Shared;
+
+/// The router of the HTTP listener.
+pub fn router(shared: Shared) -> Router {
+    Router::new()
+        .route("/v1/check", post(check::check))
+        .route("/v1/release", post(check::release))
+        .route("/openapi.json", get(openapi::openapi_json))
+        .route("/healthz", get(admin::healthz))
+        .route("/readyz", get(admin::readyz))
+        .route("/metrics", get(admin::metrics_text))
+        .route("/admin/reload", post(admin::admin_reload))
+        .fallback(not_found)
+        .with_state(shared)
+}
+
+/// A problem+json response.
+pub fn problem(status: StatusCode, detail: &str) -> Response {
+    let mut res = Response::new(Body::from(problem_json(status, detail, None, None)));
+    *res.status_mut() = status;
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+    res
+}
+
+pub(crate) fn json_response(status: StatusCode, v: &Value) -> Response {
+    let mut res = Response::new(Body::from(v.to_string()));
+    *res.status_mut() = status;
+    res.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    res
+}
+
+async fn not_found(req: Request) -> Response {
+    problem(
+        StatusCode::NOT_FOUND,
+        &format!("no endpoint {} {}", req.method(), req.uri().path()),
+    )
+}
+
+/// Reads a JSON object body of at most `max` bytes.
+pub(crate) async fn read_json(req: Request, max: usize) -> Result<Map<String, Value>, Response> {
+    let ct = req
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if !ct.is_empty() && !ct.starts_with("application/json") {
+        return Err(problem(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            &format!("content type must be application/json, not {ct}"),
+        ));
+    }
+    let too_large = || {
+        problem(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("request body larger than {max} bytes"),
+        )
+    };
+    if let Some(len) = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        && len > max as u64
+    {
+        return Err(too_large());
+    }
+    let body = http_body_util::Limited::new(req.into_body(), max);
+    let bytes = match body.collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            return Err(too_large());
+        }
+        Err(e) => {
+            return Err(problem(
+                StatusCode::BAD_REQUEST,
+                &format!("could not read the body: {e}"),
+            ));
+        }
+    };
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(problem(
+            StatusCode::BAD_REQUEST,
+            "the body must be a JSON object",
+        )),
+        Err(e) => Err(problem(
+            StatusCode::BAD_REQUEST,
+            &format!("invalid JSON: {e}"),
+        )),
+    }
+}
+
+pub(crate) fn count(endpoint: &'static str, status: StatusCode) {
+    metrics::counter!("sluice_api_requests_total", "endpoint" => endpoint, "status" => status.as_str().to_string())
+        .increment(1);
+}
+
+pub(crate) fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Header names as clients usually write them.
+pub fn display_header_name(n: &str) -> String {
+    match n {
+        "ratelimit" => "RateLimit".into(),
+        "ratelimit-policy" => "RateLimit-Policy".into(),
+        "retry-after" => "Retry-After".into(),
+        "x-ratelimit-limit" => "X-RateLimit-Limit".into(),
+        "x-ratelimit-remaining" => "X-RateLimit-Remaining".into(),
+        "x-ratelimit-reset" => "X-RateLimit-Reset".into(),
+        other => other.to_string(),
+    }
+}
+
+/// Serves the router until `shutdown` resolves, then lets requests in flight finish.
+pub async fn serve_http(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+}
