@@ -1,0 +1,424 @@
+//! The HTTP listeners (decision API and proxy) on hyper directly, with an axum router as the
+//! service, so each connection carries the limits that `axum::serve` has no setting for.
+//!
+//! Per connection:
+//! - the request head must arrive within `header_read_timeout` (hyper's HTTP/1 timer, which also
+//!   runs from the moment the connection opens and while a keep-alive connection waits for its
+//!   next request) and fit in `max_header_bytes` (larger heads get 431; the buffer goes with the
+//!   connection);
+//! - a request body must arrive within `body_timeout` of its head, or the request ends with 408
+//!   and the connection closes;
+//! - a connection with no request in flight for `idle_timeout` is closed (HTTP/2 included);
+//! - a connection admitted into the reserve answers only the listener's reserved paths, one
+//!   request, then closes; other paths get 503.
+//!
+//! HTTP/1.1 and HTTP/2 (prior knowledge) are both served, as `axum::serve` did, and the peer
+//! address is in each request as axum's `ConnectInfo<SocketAddr>`.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use http::header::{CONNECTION, HeaderValue};
+use http::{Request, Response, StatusCode};
+use http_body::{Body as HttpBody, Frame, SizeHint};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::time::{Instant, Sleep};
+use tower::ServiceExt;
+
+use super::{AcceptBackoff, Admission, ConnectionBudget, RejectReason, count_rejected};
+use crate::limits::ConnectionLimits;
+
+/// Which request paths a reserve connection may use on a listener.
+pub type ReservedPaths = fn(&str) -> bool;
+
+/// The decision API's reserved paths: health, readiness, metrics and admin.
+pub fn api_reserved_paths(path: &str) -> bool {
+    matches!(path, "/healthz" | "/readyz" | "/metrics") || path.starts_with("/admin/")
+}
+
+/// One HTTP listener: its socket, its router and the limits it applies.
+#[derive(Debug)]
+pub struct HttpListener {
+    /// The `listener` label in metrics (`http`, `proxy`).
+    pub name: &'static str,
+    /// The bound socket.
+    pub socket: TcpListener,
+    /// The service for every request.
+    pub router: Router,
+    /// Timeouts and sizes.
+    pub limits: ConnectionLimits,
+    /// Paths served on reserve connections; `None`: this listener uses no reserve.
+    pub reserved: Option<ReservedPaths>,
+    /// The connection budget shared with the other listeners.
+    pub budget: Arc<ConnectionBudget>,
+}
+
+/// Serves `listener` until `shutdown` resolves, then stops accepting, lets every connection
+/// finish its requests in flight (idle ones close at once) and returns.
+pub async fn serve(
+    listener: HttpListener,
+    shutdown: impl Future<Output = ()> + Send,
+) -> std::io::Result<()> {
+    let HttpListener {
+        name,
+        socket,
+        router,
+        limits,
+        reserved,
+        budget,
+    } = listener;
+    let limits = Arc::new(limits);
+    let (stop_tx, stop_rx) = watch::channel(false);
+    // Each connection task holds a sender; when all are gone, every connection has finished.
+    let (alive_tx, mut alive_rx) = mpsc::channel::<Infallible>(1);
+    let mut backoff = AcceptBackoff::new();
+    tokio::pin!(shutdown);
+    loop {
+        let (stream, peer) = tokio::select! {
+            biased;
+            () = &mut shutdown => break,
+            r = socket.accept() => match r {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    if let Some(pause) = backoff.on_error(name, &e) {
+                        tokio::select! {
+                            () = &mut shutdown => break,
+                            () = tokio::time::sleep(pause) => {}
+                        }
+                    }
+                    continue;
+                }
+            },
+        };
+        backoff.reset();
+        let (permit, reserve_only) = match budget.admit(name, peer.ip(), reserved.is_some()) {
+            Admission::Full(p) => (p, false),
+            Admission::ReserveOnly(p) => (p, true),
+            Admission::Refused(reason) => {
+                count_rejected(name, reason);
+                drop(stream);
+                continue;
+            }
+        };
+        let conn = Connection {
+            name,
+            peer,
+            router: router.clone(),
+            limits: Arc::clone(&limits),
+            reserved: if reserve_only { reserved } else { None },
+        };
+        let stop = stop_rx.clone();
+        let alive = alive_tx.clone();
+        tokio::spawn(async move {
+            conn.run(stream, stop).await;
+            drop(permit);
+            drop(alive);
+        });
+    }
+    drop(socket);
+    let _ = stop_tx.send(true);
+    drop(alive_tx);
+    let _ = alive_rx.recv().await;
+    Ok(())
+}
+
+/// Requests in flight on one connection and when the last one ended.
+#[derive(Debug, Clone, Copy)]
+struct Activity {
+    in_flight: usize,
+    idle_since: Instant,
+}
+
+struct Connection {
+    name: &'static str,
+    peer: SocketAddr,
+    router: Router,
+    limits: Arc<ConnectionLimits>,
+    /// `Some`: a reserve connection, limited to these paths.
+    reserved: Option<ReservedPaths>,
+}
+
+impl Connection {
+    async fn run(self, stream: TcpStream, mut stop: watch::Receiver<bool>) {
+        let _ = stream.set_nodelay(true);
+        let name = self.name;
+        let limits = Arc::clone(&self.limits);
+        let reserve_only = self.reserved.is_some();
+        let (activity_tx, activity_rx) = watch::channel(Activity {
+            in_flight: 0,
+            idle_since: Instant::now(),
+        });
+        let service = ConnService {
+            name,
+            peer: self.peer,
+            router: self.router,
+            reserved: self.reserved,
+            body_timeout: limits.body_timeout,
+            activity: Arc::new(activity_tx),
+        };
+
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .max_buf_size(limits.max_header_bytes.max(MIN_HYPER_BUF))
+            .keep_alive(!reserve_only);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
+            .enable_connect_protocol();
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+        tokio::pin!(conn);
+        let idle = idle_for(activity_rx, limits.idle_timeout);
+        tokio::pin!(idle);
+        let mut closing = false;
+        loop {
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        if let Some(reason) = rejection_of(&*e) {
+                            count_rejected(name, reason);
+                        }
+                    }
+                    return;
+                }
+                () = &mut idle, if !closing => {
+                    count_rejected(name, RejectReason::Idle);
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+                r = stop.wait_for(|s| *s), if !closing => {
+                    let _ = r;
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+            }
+        }
+    }
+}
+
+/// hyper refuses a `max_buf_size` below 8 KiB.
+const MIN_HYPER_BUF: usize = 8192;
+
+/// Resolves once the connection has had no request in flight for `timeout`.
+async fn idle_for(mut rx: watch::Receiver<Activity>, timeout: Duration) {
+    loop {
+        let now = *rx.borrow_and_update();
+        if now.in_flight > 0 {
+            if rx.changed().await.is_err() {
+                return std::future::pending().await;
+            }
+            continue;
+        }
+        tokio::select! {
+            r = rx.changed() => {
+                if r.is_err() {
+                    return std::future::pending().await;
+                }
+            }
+            () = tokio::time::sleep_until(now.idle_since + timeout) => return,
+        }
+    }
+}
+
+/// The rejection a connection error stands for, if any.
+fn rejection_of(e: &(dyn std::error::Error + 'static)) -> Option<RejectReason> {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(h) = err.downcast_ref::<hyper::Error>() {
+            if h.is_timeout() || h.is_parse_too_large() {
+                return Some(RejectReason::HeaderTimeout);
+            }
+            return None;
+        }
+        cur = err.source();
+    }
+    None
+}
+
+/// The per-connection service: peer address in, body deadline, reserve filter, activity.
+#[derive(Clone)]
+struct ConnService {
+    name: &'static str,
+    peer: SocketAddr,
+    router: Router,
+    reserved: Option<ReservedPaths>,
+    body_timeout: Duration,
+    activity: Arc<watch::Sender<Activity>>,
+}
+
+impl hyper::service::Service<Request<Incoming>> for ConnService {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Response<Body>, Infallible>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let in_flight = InFlight::start(Arc::clone(&self.activity));
+        if let Some(allowed) = self.reserved {
+            if !allowed(req.uri().path()) {
+                count_rejected(self.name, RejectReason::ReserveOnly);
+                let res = closing(crate::api::problem(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the server is at its connection limit; only health, metrics and admin paths are served",
+                ));
+                return Box::pin(std::future::ready(Ok(res)));
+            }
+        }
+        let timed_out = Arc::new(AtomicBool::new(false));
+        let mut req = req.map(|b| {
+            Body::new(DeadlineBody {
+                inner: b,
+                deadline: Box::pin(tokio::time::sleep(self.body_timeout)),
+                timed_out: Arc::clone(&timed_out),
+            })
+        });
+        req.extensions_mut().insert(ConnectInfo(self.peer));
+        let router = self.router.clone();
+        let name = self.name;
+        Box::pin(async move {
+            let res = match router.oneshot(req).await {
+                Ok(r) => r,
+                Err(never) => match never {},
+            };
+            let res = if timed_out.load(Ordering::Relaxed) {
+                count_rejected(name, RejectReason::BodyTimeout);
+                closing(crate::api::problem(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "the request body did not arrive within server.body_timeout",
+                ))
+            } else {
+                res
+            };
+            Ok(res.map(|b| {
+                Body::new(TrackedBody {
+                    inner: b,
+                    _in_flight: in_flight,
+                })
+            }))
+        })
+    }
+}
+
+/// `res` with `Connection: close`, so the connection ends after it.
+fn closing(mut res: Response<Body>) -> Response<Body> {
+    res.headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("close"));
+    res
+}
+
+/// One request in flight on a connection, from its head to the end of its response body.
+struct InFlight(Arc<watch::Sender<Activity>>);
+
+impl InFlight {
+    fn start(activity: Arc<watch::Sender<Activity>>) -> Self {
+        activity.send_modify(|a| a.in_flight += 1);
+        Self(activity)
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.send_modify(|a| {
+            a.in_flight = a.in_flight.saturating_sub(1);
+            a.idle_since = Instant::now();
+        });
+    }
+}
+
+/// A request body that fails once its deadline passes while it is still being read.
+struct DeadlineBody {
+    inner: Incoming,
+    deadline: Pin<Box<Sleep>>,
+    timed_out: Arc<AtomicBool>,
+}
+
+/// The error a request body ends with when `body_timeout` passes.
+#[derive(Debug, thiserror::Error)]
+#[error("request body timed out")]
+pub struct BodyTimedOut;
+
+impl HttpBody for DeadlineBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = self.get_mut();
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            return Poll::Ready(frame.map(|r| r.map_err(Into::into)));
+        }
+        if this.deadline.as_mut().poll(cx).is_ready() {
+            this.timed_out.store(true, Ordering::Relaxed);
+            return Poll::Ready(Some(Err(Box::new(BodyTimedOut))));
+        }
+        Poll::Pending
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A response body that keeps its request counted as in flight until it is sent or dropped.
+struct TrackedBody {
+    inner: Body,
+    _in_flight: InFlight,
+}
+
+impl HttpBody for TrackedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        Pin::new(&mut self.get_mut().inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reserved_paths_are_health_metrics_and_admin() {
+        for p in ["/healthz", "/readyz", "/metrics", "/admin/reload"] {
+            assert!(api_reserved_paths(p), "{p}");
+        }
+        for p in ["/v1/check", "/v1/release", "/", "/admin", "/healthzz"] {
+            assert!(!api_reserved_paths(p), "{p}");
+        }
+    }
+}
