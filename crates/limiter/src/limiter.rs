@@ -176,6 +176,50 @@ struct Inner {
     deny_cache: Option<DenyCache>,
 }
 
+/// One policy of a check on its way through [`Limiter::check_many`]: the result being filled
+/// in, and what the store is asked to evaluate for it.
+#[derive(Debug)]
+struct PlannedItem {
+    /// Policy, key and (once answered) the decision.
+    result: LimitResult,
+    /// The algorithm as evaluated on `result.key` (per shard for a sharded policy).
+    algorithm: sluice_core::Algorithm,
+    /// The cost of the request against this policy.
+    cost: u64,
+    /// Whether the policy only counts (its own `shadow` flag, or the limiter's global one).
+    shadow: bool,
+}
+
+impl PlannedItem {
+    fn check_item(&self) -> CheckItem<'_> {
+        CheckItem {
+            key: &self.result.key,
+            algorithm: &self.algorithm,
+            cost: self.cost,
+        }
+    }
+
+    /// The concurrency lease this item's decision holds, if any.
+    fn lease(&self) -> Option<Lease> {
+        let id = self.result.decision.as_ref()?.lease.clone()?;
+        Some(Lease {
+            key: self.result.key.clone(),
+            algorithm: self.algorithm.clone(),
+            id,
+        })
+    }
+}
+
+/// One store call of a check: the items (indices into the planned items) that go together.
+#[derive(Debug)]
+struct StoreCall {
+    /// Shadow items are never in a call with enforced ones.
+    shadow: bool,
+    /// The Cluster slot of every key in the call (`None` when the store takes any keys).
+    slot: Option<u16>,
+    items: Vec<usize>,
+}
+
 /// The most denials the deny cache remembers at once.
 const DENY_CACHE_CAPACITY: usize = 65_536;
 
@@ -238,87 +282,52 @@ impl Limiter {
     /// never block consumption of enforced ones.
     pub async fn check_many(&self, items: &[(&Identity, &Arc<Policy>, u64)]) -> Checked {
         let inner = &*self.inner;
-        let mut limits = Vec::with_capacity(items.len());
-        let mut algorithms = Vec::with_capacity(items.len());
-        for &(identity, policy, cost) in items {
-            let (key, algorithm) = if policy.shards > 1 {
-                let shard = rand::random_range(0..policy.shards);
-                (
-                    inner.keys.shard_key(identity, &policy.name, Some(shard)),
-                    policy.algorithm.per_shard(policy.shards),
-                )
-            } else {
-                (
-                    inner.keys.key(identity, &policy.name),
-                    policy.algorithm.clone(),
-                )
-            };
-            limits.push(LimitResult {
-                policy: Arc::clone(policy),
-                decision: None,
-                key,
-            });
-            algorithms.push((algorithm, cost));
-        }
+        let mut planned: Vec<PlannedItem> = items
+            .iter()
+            .map(|&(identity, policy, cost)| self.plan(identity, policy, cost))
+            .collect();
 
-        if let Some(checked) = self.denied_locally(&mut limits, &algorithms) {
+        if let Some(checked) = self.denied_locally(&mut planned) {
             return checked;
         }
 
-        // Group: enforced vs shadow, and (for Cluster) by slot. Each group is one store call.
-        let shadow = |i: usize| inner.global_shadow || limits[i].policy.shadow;
-        let mut groups: Vec<(bool, Option<u16>, Vec<usize>)> = Vec::new();
-        for i in 0..limits.len() {
-            let slot = inner
-                .store
-                .requires_single_slot()
-                .then(|| key_slot(limits[i].key.as_bytes()));
-            let sh = shadow(i);
-            match groups.iter_mut().find(|g| g.0 == sh && g.1 == slot) {
-                Some(g) => g.2.push(i),
-                None => groups.push((sh, slot, vec![i])),
-            }
-        }
-        // Enforced groups first, so a denial stops before later groups consume.
-        groups.sort_by_key(|g| g.0);
-
+        let calls = self.group_into_calls(&planned);
         let mut verdict = Verdict::Decided;
         let mut enforced_denied = false;
-        for (is_shadow, _, idx) in &groups {
-            if !is_shadow && enforced_denied {
+        for call in &calls {
+            if !call.shadow && enforced_denied {
                 break;
             }
-            let check_items: Vec<CheckItem<'_>> = idx
+            let check_items: Vec<CheckItem<'_>> = call
+                .items
                 .iter()
-                .map(|&i| CheckItem {
-                    key: &limits[i].key,
-                    algorithm: &algorithms[i].0,
-                    cost: algorithms[i].1,
-                })
+                .map(|&i| planned[i].check_item())
                 .collect();
             let sent = inner.now_us();
             match self.call_store(&check_items).await {
                 Ok(MultiDecision { allowed, decisions }) => {
-                    for (&i, d) in idx.iter().zip(decisions) {
+                    for (&i, d) in call.items.iter().zip(decisions) {
+                        let item = &mut planned[i];
                         if let Some(cache) = &inner.deny_cache
-                            && !is_shadow
-                            && inner.deny_mode.caches(&algorithms[i].0)
+                            && !call.shadow
+                            && inner.deny_mode.caches(&item.algorithm)
                         {
-                            cache.record(&limits[i].key, algorithms[i].1, sent, &d);
+                            cache.record(&item.result.key, item.cost, sent, &d);
                         }
-                        limits[i].decision = Some(d);
+                        item.result.decision = Some(d);
                     }
-                    if !is_shadow && !allowed {
+                    if !call.shadow && !allowed {
                         enforced_denied = true;
                     }
                 }
                 Err(e) => {
-                    if *is_shadow {
+                    if call.shadow {
                         continue;
                     }
-                    let closed = idx
+                    let closed = call
+                        .items
                         .iter()
-                        .any(|&i| limits[i].policy.failure_mode == FailureMode::Closed);
+                        .any(|&i| planned[i].result.policy.failure_mode == FailureMode::Closed);
                     self.note_failure(&e, closed);
                     verdict = if closed {
                         Verdict::FailedClosed(e)
@@ -333,16 +342,7 @@ impl Limiter {
             }
         }
 
-        let mut leases = Vec::new();
-        for (l, (alg, _)) in limits.iter().zip(&algorithms) {
-            if let Some(id) = l.decision.as_ref().and_then(|d| d.lease.clone()) {
-                leases.push(Lease {
-                    key: l.key.clone(),
-                    algorithm: alg.clone(),
-                    id,
-                });
-            }
-        }
+        let mut leases: Vec<Lease> = planned.iter().filter_map(PlannedItem::lease).collect();
         // All-or-nothing across groups is best effort: if a later enforced group denied, release
         // leases taken by earlier groups (other algorithms' consumption cannot be undone; see docs).
         if enforced_denied && !leases.is_empty() {
@@ -351,6 +351,7 @@ impl Limiter {
             }
         }
 
+        let limits: Vec<LimitResult> = planned.into_iter().map(|item| item.result).collect();
         for l in &limits {
             let outcome = match (&l.decision, &verdict) {
                 (Some(d), _) if d.allowed => "allowed",
@@ -371,46 +372,98 @@ impl Limiter {
             }
         }
 
-        let allowed = !enforced_denied;
         Checked {
-            allowed,
+            allowed: !enforced_denied,
             verdict,
             limits,
             leases,
         }
     }
 
+    /// One policy of a check: its key (a random shard's, for a sharded policy) and the
+    /// algorithm the store runs there.
+    fn plan(&self, identity: &Identity, policy: &Arc<Policy>, cost: u64) -> PlannedItem {
+        let inner = &*self.inner;
+        let (key, algorithm) = if policy.shards > 1 {
+            let shard = rand::random_range(0..policy.shards);
+            (
+                inner.keys.shard_key(identity, &policy.name, Some(shard)),
+                policy.algorithm.per_shard(policy.shards),
+            )
+        } else {
+            (
+                inner.keys.key(identity, &policy.name),
+                policy.algorithm.clone(),
+            )
+        };
+        PlannedItem {
+            shadow: inner.global_shadow || policy.shadow,
+            result: LimitResult {
+                policy: Arc::clone(policy),
+                decision: None,
+                key,
+            },
+            algorithm,
+            cost,
+        }
+    }
+
+    /// The store calls of a check: enforced vs shadow and, for Cluster, one per slot.
+    /// Enforced calls come first, so a denial stops before later calls consume.
+    fn group_into_calls(&self, planned: &[PlannedItem]) -> Vec<StoreCall> {
+        let single_slot = self.inner.store.requires_single_slot();
+        let mut calls: Vec<StoreCall> = Vec::new();
+        for (i, item) in planned.iter().enumerate() {
+            let slot = single_slot.then(|| key_slot(item.result.key.as_bytes()));
+            match calls
+                .iter_mut()
+                .find(|c| c.shadow == item.shadow && c.slot == slot)
+            {
+                Some(call) => call.items.push(i),
+                None => calls.push(StoreCall {
+                    shadow: item.shadow,
+                    slot,
+                    items: vec![i],
+                }),
+            }
+        }
+        calls.sort_by_key(|c| c.shadow);
+        calls
+    }
+
     /// The answer without a store call when every item of the check is an enforced policy
     /// whose key the deny cache holds as denied for this cost (see [`crate::deny_cache`]).
-    fn denied_locally(
-        &self,
-        limits: &mut Vec<LimitResult>,
-        algorithms: &[(sluice_core::Algorithm, u64)],
-    ) -> Option<Checked> {
+    fn denied_locally(&self, planned: &mut Vec<PlannedItem>) -> Option<Checked> {
         let inner = &*self.inner;
         let cache = inner.deny_cache.as_ref()?;
-        if inner.global_shadow || limits.iter().any(|l| l.policy.shadow) {
+        if planned.iter().any(|item| item.shadow) {
             return None;
         }
         let now = inner.now_us();
-        let mut decisions = Vec::with_capacity(limits.len());
-        for (l, (alg, cost)) in limits.iter().zip(algorithms) {
-            if !inner.deny_mode.caches(alg) {
+        let mut decisions = Vec::with_capacity(planned.len());
+        for item in planned.iter() {
+            if !inner.deny_mode.caches(&item.algorithm) {
                 return None;
             }
-            decisions.push(cache.lookup(&l.key, *cost, now)?);
+            decisions.push(cache.lookup(&item.result.key, item.cost, now)?);
         }
-        for (l, d) in limits.iter_mut().zip(decisions) {
-            l.decision = Some(d);
-            metrics::counter!("sluice_decisions_total", "policy" => l.policy.name.clone(), "outcome" => "denied")
-                .increment(1);
-            metrics::counter!("sluice_deny_cache_hits_total", "policy" => l.policy.name.clone())
-                .increment(1);
-        }
+        let limits = std::mem::take(planned)
+            .into_iter()
+            .zip(decisions)
+            .map(|(item, d)| {
+                let mut l = item.result;
+                l.decision = Some(d);
+                metrics::counter!("sluice_decisions_total", "policy" => l.policy.name.clone(), "outcome" => "denied")
+                    .increment(1);
+                metrics::counter!("sluice_deny_cache_hits_total", "policy" => l.policy.name.clone())
+                    .increment(1);
+                l
+            })
+            .collect();
         Some(Checked {
             allowed: false,
             verdict: Verdict::Decided,
-            limits: std::mem::take(limits),
+            limits,
             leases: Vec::new(),
         })
     }
