@@ -316,6 +316,9 @@ pub enum FailureMode {
     Open,
     /// Deny the request with reason [`crate::DenyReason::StoreUnavailable`].
     Closed,
+    /// Decide from an embedded in-memory store, local to this instance, at the policy's limit
+    /// (scaled by the limiter's local share) until the store answers again.
+    Local,
 }
 
 /// A named limit.

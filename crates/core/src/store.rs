@@ -31,6 +31,11 @@ pub enum StoreError {
     /// The request itself was invalid (e.g. keys of one check in different Cluster slots).
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// sluice itself is saturated: the call waited in sluice's own queue beyond its bound (or
+    /// the queue was full) and was never sent. Says nothing about the store's health, so it
+    /// is answered conservatively (denied), never failed open.
+    #[error("overloaded: {0}")]
+    Overloaded(String),
 }
 
 /// A place where limiter state lives.
@@ -60,6 +65,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn requires_single_slot(&self) -> bool {
         false
     }
+
+    /// The longest one call can take when the store bounds its own calls: its wait in the
+    /// store's own queue plus its round trip, each under its own bound. `None` (the default):
+    /// the caller's timeout bounds the whole call. A caller that waits longer than this bound
+    /// is saturated itself, not seeing a store failure.
+    fn call_bound(&self) -> Option<std::time::Duration> {
+        None
+    }
 }
 
 #[async_trait::async_trait]
@@ -80,5 +93,8 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn requires_single_slot(&self) -> bool {
         (**self).requires_single_slot()
+    }
+    fn call_bound(&self) -> Option<std::time::Duration> {
+        (**self).call_bound()
     }
 }
