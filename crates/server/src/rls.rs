@@ -11,8 +11,6 @@
 //! Envoy's own `failure_mode_deny` then decides, which is where that choice belongs for
 //! traffic behind Envoy.
 
-use std::sync::Arc;
-
 use envoy_types::pb::envoy::config::core::v3::HeaderValue as EnvoyHeader;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
@@ -23,11 +21,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice::core::{Clock, SystemClock};
-use sluice::{DenyReason, Identity, Policy, Verdict};
+use sluice::{Decision, DenyReason, Verdict};
 use sluice_http::headers::{HeaderOptions, rate_limit_headers};
 use tonic::{Request, Response, Status};
 
-use crate::envoy::{Limit, Plan, RequestDescriptor, plan};
+use crate::envoy::{Limit, LimitCheck, Plan, RequestDescriptor, plan};
 use crate::state::Shared;
 
 /// The most descriptors accepted in one call.
@@ -71,6 +69,87 @@ fn ok_status(remaining: u32) -> DescriptorStatus {
         code: Code::Ok as i32,
         limit_remaining: remaining,
         ..Default::default()
+    }
+}
+
+/// One descriptor of a request: its plan and, when it asks the limiter, its place among the
+/// items of the one `check_many` call.
+struct DescriptorItem<'p> {
+    plan: &'p Plan,
+    /// Index of this descriptor's item in the limiter call (and in its answer).
+    check_index: Option<usize>,
+}
+
+impl<'p> DescriptorItem<'p> {
+    /// The plans in request order, each check numbered in the order it is sent.
+    fn number(plans: &'p [Plan]) -> Vec<Self> {
+        let mut next = 0;
+        plans
+            .iter()
+            .map(|plan| {
+                let check_index = matches!(plan, Plan::Check(_)).then(|| {
+                    next += 1;
+                    next - 1
+                });
+                DescriptorItem { plan, check_index }
+            })
+            .collect()
+    }
+
+    fn check(&self) -> Option<&'p LimitCheck> {
+        match self.plan {
+            Plan::Check(c) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// The descriptor's status, given the limiter's decision for its check (if it has one).
+    fn status(&self, decision: Option<&Decision>, now_ms: u64) -> DescriptorStatus {
+        match self.plan {
+            Plan::NoLimit => ok_status(0),
+            Plan::Unlimited => ok_status(u32::MAX),
+            Plan::Zero(limit) => {
+                let unit_ms = limit.limit.map_or(1000, |(_, u)| u.ms());
+                let code = if limit.shadow {
+                    Code::Ok
+                } else {
+                    Code::OverLimit
+                };
+                DescriptorStatus {
+                    code: code as i32,
+                    current_limit: current_limit(limit),
+                    limit_remaining: 0,
+                    duration_until_reset: Some(proto_duration(unit_ms - now_ms % unit_ms)),
+                    ..Default::default()
+                }
+            }
+            Plan::Check(LimitCheck { limit, .. }) => match decision {
+                None => DescriptorStatus {
+                    current_limit: current_limit(limit),
+                    ..ok_status(0)
+                },
+                Some(d) => {
+                    let denied = !d.allowed && d.reason != Some(DenyReason::OtherLimitDenied);
+                    let code = if denied && !limit.shadow {
+                        Code::OverLimit
+                    } else {
+                        Code::Ok
+                    };
+                    let until = if denied {
+                        d.reset_after_ms.max(d.retry_after_ms)
+                    } else {
+                        d.reset_after_ms
+                    };
+                    DescriptorStatus {
+                        code: code as i32,
+                        current_limit: current_limit(limit),
+                        limit_remaining: d.remaining.min(u64::from(u32::MAX)) as u32,
+                        duration_until_reset: Some(proto_duration(until)),
+                        ..Default::default()
+                    }
+                }
+            },
+        }
     }
 }
 
@@ -124,24 +203,15 @@ impl RateLimitService for RlsService {
         };
 
         // One all-or-nothing check for every descriptor that has a limit.
-        let checks: Vec<(usize, &Identity, &Arc<Policy>, u64)> = plans
+        let items = DescriptorItem::number(&plans);
+        let limiter_items: Vec<_> = items
             .iter()
-            .enumerate()
-            .filter_map(|(i, p)| match p {
-                Plan::Check {
-                    limit,
-                    identity,
-                    cost,
-                } => limit.policy.as_ref().map(|pol| (i, identity, pol, *cost)),
-                _ => None,
-            })
+            .filter_map(|item| item.check().map(LimitCheck::limiter_item))
             .collect();
-        let items: Vec<(&Identity, &Arc<Policy>, u64)> =
-            checks.iter().map(|&(_, id, p, c)| (id, p, c)).collect();
-        let checked = if items.is_empty() {
+        let checked = if limiter_items.is_empty() {
             None
         } else {
-            Some(rt.limiter.check_many(&items).await)
+            Some(rt.limiter.check_many(&limiter_items).await)
         };
         if let Some(c) = &checked
             && let Verdict::FailedOpen(e) | Verdict::FailedClosed(e) = &c.verdict
@@ -152,63 +222,16 @@ impl RateLimitService for RlsService {
         }
 
         let now_ms = SystemClock.now() / 1000;
-        let mut statuses = Vec::with_capacity(plans.len());
-        let mut over = false;
-        for (i, p) in plans.iter().enumerate() {
-            let status = match p {
-                Plan::NoLimit => ok_status(0),
-                Plan::Unlimited => ok_status(u32::MAX),
-                Plan::Zero(limit) => {
-                    let unit_ms = limit.limit.map_or(1000, |(_, u)| u.ms());
-                    let code = if limit.shadow {
-                        Code::Ok
-                    } else {
-                        Code::OverLimit
-                    };
-                    DescriptorStatus {
-                        code: code as i32,
-                        current_limit: current_limit(limit),
-                        limit_remaining: 0,
-                        duration_until_reset: Some(proto_duration(unit_ms - now_ms % unit_ms)),
-                        ..Default::default()
-                    }
-                }
-                Plan::Check { limit, .. } => {
-                    let pos = checks.iter().position(|c| c.0 == i);
-                    let decision =
-                        pos.and_then(|k| checked.as_ref()?.limits.get(k)?.decision.as_ref());
-                    match decision {
-                        None => DescriptorStatus {
-                            current_limit: current_limit(limit),
-                            ..ok_status(0)
-                        },
-                        Some(d) => {
-                            let denied =
-                                !d.allowed && d.reason != Some(DenyReason::OtherLimitDenied);
-                            let code = if denied && !limit.shadow {
-                                Code::OverLimit
-                            } else {
-                                Code::Ok
-                            };
-                            let until = if denied {
-                                d.reset_after_ms.max(d.retry_after_ms)
-                            } else {
-                                d.reset_after_ms
-                            };
-                            DescriptorStatus {
-                                code: code as i32,
-                                current_limit: current_limit(limit),
-                                limit_remaining: d.remaining.min(u64::from(u32::MAX)) as u32,
-                                duration_until_reset: Some(proto_duration(until)),
-                                ..Default::default()
-                            }
-                        }
-                    }
-                }
-            };
-            over |= status.code == Code::OverLimit as i32;
-            statuses.push(status);
-        }
+        let statuses: Vec<DescriptorStatus> = items
+            .iter()
+            .map(|item| {
+                let decision = item
+                    .check_index
+                    .and_then(|k| checked.as_ref()?.limits.get(k)?.decision.as_ref());
+                item.status(decision, now_ms)
+            })
+            .collect();
+        let over = statuses.iter().any(|s| s.code == Code::OverLimit as i32);
 
         let mut headers = Vec::new();
         if let Some(c) = &checked {

@@ -14,5 +14,5 @@ pub mod plan;
 pub mod tree;
 
 pub use file::{DescriptorFile, DescriptorList, DomainFile, EnvoyAlgorithm, RateLimitFile, Unit};
-pub use plan::{Plan, RequestDescriptor, envoy_identity, plan};
+pub use plan::{LimitCheck, Plan, RequestDescriptor, envoy_identity, plan};
 pub use tree::{Domains, Limit, build_policy, policy_name};

@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use sluice::Identity;
+use sluice::{Identity, Policy};
 
 use super::file::{EnvoyAlgorithm, Unit};
 use super::tree::{Domains, Limit, build_policy};
@@ -71,15 +71,56 @@ pub enum Plan {
     Unlimited,
     /// `requests_per_unit` is 0: always over limit (unless shadow).
     Zero(Arc<Limit>),
-    /// Check `policy` for `identity` with `cost`.
-    Check {
-        /// The limit (for the status's `current_limit`).
-        limit: Arc<Limit>,
-        /// Who is counted.
-        identity: Identity,
-        /// Units to consume (0 only checks).
-        cost: u64,
-    },
+    /// Ask the limiter.
+    Check(LimitCheck),
+}
+
+/// One limiter check a descriptor asks for: `policy` for `identity` at `cost`.
+#[derive(Debug, Clone)]
+pub struct LimitCheck {
+    /// The limit (for the status's `current_limit`).
+    pub limit: Arc<Limit>,
+    /// The limit's policy.
+    pub policy: Arc<Policy>,
+    /// Who is counted.
+    pub identity: Identity,
+    /// Units to consume (0 only checks).
+    pub cost: u64,
+}
+
+impl LimitCheck {
+    /// The check as one item of the limiter's `check_many`.
+    pub fn limiter_item(&self) -> (&Identity, &Arc<Policy>, u64) {
+        (&self.identity, &self.policy, self.cost)
+    }
+}
+
+/// A request descriptor with the limit it matched, before `replaces` is applied.
+struct Matched<'d, 'a> {
+    descriptor: &'d RequestDescriptor<'a>,
+    limit: Option<Arc<Limit>>,
+}
+
+/// The limit of a per-descriptor override (`None` for an unknown unit). As in the reference
+/// service it is a fixed window with no name and no shadow mode (unless everything is shadow),
+/// and [`plan`] applies it only within a configured domain.
+fn override_limit(domains: &Domains, domain: &str, rpu: u32, unit: i32) -> Option<Arc<Limit>> {
+    let unit = Unit::from_override_proto(unit)?;
+    let shadow = domains.global_shadow();
+    Some(Arc::new(Limit {
+        full_key: format!("{domain}.override"),
+        name: None,
+        limit: Some((rpu, unit)),
+        replaces: vec![],
+        shadow,
+        policy: build_policy(
+            Some("override"),
+            EnvoyAlgorithm::FixedWindow,
+            rpu,
+            unit,
+            shadow,
+        ),
+    }))
 }
 
 /// Plans a request: finds each descriptor's limit (or builds the override), applies
@@ -96,44 +137,28 @@ pub fn plan(
     } else {
         u64::from(request_hits)
     };
-    let mut limits: Vec<Option<Arc<Limit>>> = Vec::with_capacity(descriptors.len());
-    for d in descriptors {
-        let limit = match d.limit_override {
-            // As in the reference service: an override applies within a configured domain,
-            // with no shadow mode (unless everything is shadow) and no name.
-            Some((rpu, unit)) if domains.has(domain) => {
-                Unit::from_override_proto(unit).map(|unit| {
-                    Arc::new(Limit {
-                        full_key: format!("{domain}.override"),
-                        name: None,
-                        limit: Some((rpu, unit)),
-                        replaces: vec![],
-                        shadow: domains.global_shadow(),
-                        policy: build_policy(
-                            Some("override"),
-                            EnvoyAlgorithm::FixedWindow,
-                            rpu,
-                            unit,
-                            domains.global_shadow(),
-                        ),
-                    })
-                })
-            }
-            _ => domains.lookup(domain, &d.entries),
-        };
-        limits.push(limit);
-    }
-    let replaced: HashSet<&str> = limits
+    let matched: Vec<Matched<'_, '_>> = descriptors
         .iter()
-        .flatten()
+        .map(|descriptor| Matched {
+            descriptor,
+            limit: match descriptor.limit_override {
+                Some((rpu, unit)) if domains.has(domain) => {
+                    override_limit(domains, domain, rpu, unit)
+                }
+                _ => domains.lookup(domain, &descriptor.entries),
+            },
+        })
+        .collect();
+    let replaced: HashSet<&str> = matched
+        .iter()
+        .filter_map(|m| m.limit.as_deref())
         .filter(|l| l.limit.is_some())
         .flat_map(|l| l.replaces.iter().map(String::as_str))
         .collect();
-    limits
+    matched
         .iter()
-        .zip(descriptors)
-        .map(|(limit, d)| {
-            let Some(limit) = limit else {
+        .map(|m| {
+            let Some(limit) = &m.limit else {
                 return Plan::NoLimit;
             };
             if limit.limit.is_none() {
@@ -142,14 +167,15 @@ pub fn plan(
             if limit.name.as_deref().is_some_and(|n| replaced.contains(n)) {
                 return Plan::NoLimit;
             }
-            if limit.policy.is_none() {
+            let Some(policy) = &limit.policy else {
                 return Plan::Zero(Arc::clone(limit));
-            }
-            Plan::Check {
+            };
+            Plan::Check(LimitCheck {
                 limit: Arc::clone(limit),
-                identity: envoy_identity(domain, &d.entries),
-                cost: d.hits_addend.unwrap_or(request_cost),
-            }
+                policy: Arc::clone(policy),
+                identity: envoy_identity(domain, &m.descriptor.entries),
+                cost: m.descriptor.hits_addend.unwrap_or(request_cost),
+            })
         })
         .collect()
 }
@@ -171,7 +197,7 @@ mod tests {
     fn hits_addend_rules() {
         let d = domains(REFERENCE);
         let cost = |p: &Plan| match p {
-            Plan::Check { cost, .. } => *cost,
+            Plan::Check(c) => c.cost,
             other => panic!("{other:?}"),
         };
         let ip = desc(&[("remote_address", "1")]);
@@ -202,7 +228,7 @@ mod tests {
         let mut o = desc(&[("remote_address", "1")]);
         o.limit_override = Some((3, 2));
         let p = plan(&d, "edge", 0, &[o.clone()]);
-        let Plan::Check { limit, .. } = &p[0] else {
+        let Plan::Check(LimitCheck { limit, .. }) = &p[0] else {
             panic!()
         };
         assert_eq!(limit.limit, Some((3, Unit::Minute)));
@@ -211,7 +237,7 @@ mod tests {
         unmatched.limit_override = Some((7, 1));
         assert!(matches!(
             plan(&d, "edge", 0, &[unmatched.clone()])[0],
-            Plan::Check { .. }
+            Plan::Check(_)
         ));
         assert!(matches!(
             plan(&d, "unknown", 0, &[unmatched])[0],
@@ -226,11 +252,8 @@ mod tests {
         let gold = desc(&[("client", "a"), ("plan", "gold")]);
         let p = plan(&d, "edge", 0, &[login.clone(), gold]);
         assert!(matches!(p[0], Plan::NoLimit));
-        assert!(matches!(p[1], Plan::Check { .. }));
-        assert!(matches!(
-            plan(&d, "edge", 0, &[login])[0],
-            Plan::Check { .. }
-        ));
+        assert!(matches!(p[1], Plan::Check(_)));
+        assert!(matches!(plan(&d, "edge", 0, &[login])[0], Plan::Check(_)));
     }
 
     #[test]
@@ -245,7 +268,7 @@ mod tests {
             Plan::Zero(_)
         ));
         let p = plan(&d, "edge", 0, &[desc(&[("trial", "x")])]);
-        let Plan::Check { limit, .. } = &p[0] else {
+        let Plan::Check(LimitCheck { limit, .. }) = &p[0] else {
             panic!()
         };
         assert!(limit.shadow && limit.policy.as_ref().unwrap().shadow);
