@@ -130,8 +130,23 @@ pub enum LeakyMode {
     Shaping,
 }
 
+impl FromStr for LeakyMode {
+    type Err = PolicyError;
+    /// `policing` or `shaping`.
+    fn from_str(s: &str) -> Result<Self, PolicyError> {
+        match s {
+            "policing" => Ok(LeakyMode::Policing),
+            "shaping" => Ok(LeakyMode::Shaping),
+            other => Err(PolicyError::Parse(format!(
+                "unknown leaky-bucket mode {other:?}: expected policing or shaping"
+            ))),
+        }
+    }
+}
+
 /// A rate-limiting algorithm with its parameters. The semantics of each are in
-/// `docs/algorithms.md` and in the module of the same name under [`crate::algorithm`].
+/// `docs/algorithms.md` and in the module of the same name under [`crate::algorithm`]; names,
+/// aliases and parameters are in [`crate::algorithm::registry`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(tag = "algorithm", rename_all = "kebab-case")]
 pub enum Algorithm {
@@ -159,15 +174,7 @@ pub enum Algorithm {
 impl Algorithm {
     /// The short, stable name used in keys, metrics and the CLI (`token-bucket`, `gcra`, ...).
     pub fn kind(&self) -> &'static str {
-        match self {
-            Algorithm::TokenBucket { .. } => "token-bucket",
-            Algorithm::Gcra { .. } => "gcra",
-            Algorithm::LeakyBucket { .. } => "leaky-bucket",
-            Algorithm::FixedWindow { .. } => "fixed-window",
-            Algorithm::SlidingWindowCounter { .. } => "sliding-counter",
-            Algorithm::SlidingWindowLog { .. } => "sliding-log",
-            Algorithm::Concurrency { .. } => "concurrency",
-        }
+        self.algorithm_kind().name()
     }
 
     /// The quota shown to clients (`q` of `RateLimit-Policy`).
@@ -359,6 +366,16 @@ impl Policy {
         Ok(p)
     }
 
+    /// The algorithm each shard of this policy runs: [`Algorithm::per_shard`] of its
+    /// `shards`, or the algorithm itself when the policy is not sharded.
+    pub fn shard_algorithm(&self) -> Algorithm {
+        if self.shards > 1 {
+            self.algorithm.per_shard(self.shards)
+        } else {
+            self.algorithm.clone()
+        }
+    }
+
     /// Checks the name and the parameters.
     pub fn validate(&self) -> Result<(), PolicyError> {
         validate_policy_name(&self.name)?;
@@ -422,6 +439,36 @@ mod tests {
             rate: Rate::per_second(5),
         };
         assert_eq!((a.quota(), a.window_ms()), (10, 2000));
+    }
+
+    #[test]
+    fn shard_algorithm_divides_only_sharded_policies() {
+        let alg = Algorithm::FixedWindow {
+            limit: 10,
+            window_ms: 1000,
+        };
+        let mut p = Policy::new("p", alg.clone()).unwrap();
+        assert_eq!(p.shard_algorithm(), alg);
+        p.shards = 4;
+        assert_eq!(
+            p.shard_algorithm(),
+            Algorithm::FixedWindow {
+                limit: 3,
+                window_ms: 1000
+            }
+        );
+    }
+
+    #[test]
+    fn leaky_modes_parse() {
+        assert_eq!("shaping".parse::<LeakyMode>().unwrap(), LeakyMode::Shaping);
+        assert!(
+            "queue"
+                .parse::<LeakyMode>()
+                .unwrap_err()
+                .to_string()
+                .contains("expected policing or shaping")
+        );
     }
 
     #[test]

@@ -3,12 +3,13 @@
 //! Each module exposes `decide(state: Option<&S>, params..., now, cost) -> Outcome<S>`;
 //! [`decide`] dispatches on [`Algorithm`] over the type-erased [`State`]. The formulas and
 //! bounds are in `docs/algorithms.md`; the Lua scripts in `crates/store-redis/lua/` implement
-//! the same functions and a differential test holds them equal.
+//! the same functions and a differential test holds them equal. [`registry`] names them.
 
 pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
 pub mod leaky_bucket;
+pub mod registry;
 pub mod sliding_window_counter;
 pub mod sliding_window_log;
 pub mod token_bucket;
@@ -16,6 +17,10 @@ pub mod token_bucket;
 use crate::clock::Timestamp;
 use crate::decision::{Decision, LeaseId};
 use crate::policy::Algorithm;
+
+pub use registry::{
+    ALGORITHMS, AlgorithmInfo, AlgorithmKind, Param, ParamError, Params, UnknownAlgorithm,
+};
 
 /// What a decision does to the stored state.
 #[derive(Debug, Clone, PartialEq, Eq)]
