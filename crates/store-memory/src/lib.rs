@@ -4,7 +4,8 @@
 //! - [`MemoryStore`]: the [`Store`] implementation, a map split into shards, each behind its
 //!   own mutex, so checks of different keys rarely contend and there is no global lock on the
 //!   hot path.
-//! - [`MemoryStoreBuilder`]: the clock, the shard count and the cap on tracked keys.
+//! - [`MemoryStoreBuilder`]: the clock, the shard count and the limits on keys and bytes.
+//! - [`EvictionCounts`]: what eviction did, for `/metrics`.
 //!
 //! Decisions come from [`sluice_core::algorithm::decide`]; this crate only keeps state and
 //! makes a multi-limit check atomic, by locking every shard involved in ascending order (so two
@@ -17,23 +18,32 @@
 //! lock, allocates nothing for a key already held, and writes the new state in place.
 //!
 //! Memory stays bounded without a background thread: a state past its `expires_at` (back to
-//! its initial value) is dropped when next touched, each shard sweeps its expired entries after
-//! as many writes as it holds entries (amortised O(1) per write), and an optional cap on
-//! tracked keys evicts expired entries first, then the ones expiring soonest.
+//! its initial value) is dropped when next touched, and each shard sweeps its expired entries
+//! after as many writes as it holds entries (amortised O(1) per write). Optional limits on keys
+//! (`max_keys`) and bytes (`max_memory`, counted as [`MemoryStore::memory_bytes`] says) make the
+//! store evict (module `evict`): entries back at rest first, then live ones, whose summary
+//! ([`summary`]) keeps an evicted key at least as restricted as it was. An eviction can never
+//! turn a denial into an admission; `docs/embedded-store.md` states the exact guarantee.
+//! Module `shard` holds one shard's table, its byte count and its summaries.
 #![forbid(unsafe_code)]
+
+mod evict;
+mod shard;
+pub mod summary;
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard};
 use sluice_core::algorithm::{self, State, Update};
 use sluice_core::{
     Algorithm, CheckItem, Clock, Decision, DenyReason, LeaseId, MultiDecision, Store, StoreError,
     SystemClock, Timestamp,
 };
+
+use shard::{Entry, Lookup, Shard};
 
 /// The wall clock as of the store's creation, advanced by the CPU's time-stamp counter
 /// (through `quanta`; the OS monotonic clock where there is none). Reading it costs a few ns
@@ -74,72 +84,17 @@ impl Clock for FastClock {
 /// The default number of shards.
 pub const DEFAULT_SHARDS: usize = 64;
 
-/// A stored state and when it is back to its initial value.
-#[derive(Debug)]
-struct Entry {
-    state: State,
-    expires_at: Timestamp,
-}
-
-/// A key, its hash (kept for rehashing when the table grows) and its entry.
-#[derive(Debug)]
-struct Slot {
-    hash: u64,
-    key: Box<str>,
-    entry: Entry,
-}
-
-#[derive(Debug, Default)]
-struct Shard {
-    map: HashTable<Slot>,
-    /// Checks since this shard last dropped its expired entries.
-    ops_since_sweep: usize,
-}
-
-impl Shard {
-    fn get(&self, hash: u64, key: &str) -> Option<&Entry> {
-        self.map.find(hash, |s| &*s.key == key).map(|s| &s.entry)
-    }
-
-    /// The live state of `key`, or `None` if absent or expired.
-    fn live(&self, hash: u64, key: &str, now: Timestamp) -> Option<&State> {
-        self.get(hash, key)
-            .filter(|e| e.expires_at > now)
-            .map(|e| &e.state)
-    }
-
-    /// Removes `key`; whether it was held.
-    fn remove(&mut self, hash: u64, key: &str) -> bool {
-        match self.map.find_entry(hash, |s| &*s.key == key) {
-            Ok(e) => {
-                e.remove();
-                true
-            }
-            Err(_) => false,
-        }
-    }
-
-    /// Stores `entry` under `key`, in place when held (no allocation); whether it is new.
-    fn put(&mut self, hash: u64, key: &str, entry: Entry) -> bool {
-        if let Some(s) = self.map.find_mut(hash, |s| &*s.key == key) {
-            s.entry = entry;
-            return false;
-        }
-        self.map.insert_unique(
-            hash,
-            Slot {
-                hash,
-                key: key.into(),
-                entry,
-            },
-            |s| s.hash,
-        );
-        true
-    }
-
-    fn len(&self) -> usize {
-        self.map.len()
-    }
+/// How many entries the store evicted to stay under its limits, and how often a check of an
+/// evicted key started from its summary. Counters since the store was built.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct EvictionCounts {
+    /// Entries dropped that were back at their initial value (nothing lost).
+    pub at_rest: u64,
+    /// Entries dropped that still restricted their key; each left a trace in its policy's
+    /// summary.
+    pub informative: u64,
+    /// Checks of keys the map no longer held that started from a summary.
+    pub summarized_checks: u64,
 }
 
 /// The embedded in-memory [`Store`].
@@ -150,10 +105,18 @@ pub struct MemoryStore {
     hasher: std::hash::RandomState,
     clock: Arc<dyn Clock>,
     max_keys: Option<usize>,
+    max_memory: Option<usize>,
     /// Keys held over all shards; updated under the shard locks.
     keys: AtomicUsize,
-    /// Held while enforcing the cap, so only one thread evicts at a time.
+    /// Bytes allocated over all shards (see [`MemoryStore::memory_bytes`]).
+    bytes: AtomicUsize,
+    /// Held while enforcing the limits, so only one thread evicts at a time.
     evicting: Mutex<()>,
+    /// The id of the lease standing for evicted concurrency leases: random, never handed out.
+    evicted_lease: LeaseId,
+    evicted_at_rest: AtomicU64,
+    evicted_informative: AtomicU64,
+    summarized_checks: AtomicU64,
 }
 
 /// Configures a [`MemoryStore`].
@@ -162,7 +125,13 @@ pub struct MemoryStoreBuilder {
     clock: Arc<dyn Clock>,
     shards: usize,
     max_keys: Option<usize>,
+    max_memory: Option<usize>,
+    summary_width: usize,
 }
+
+/// Default cells per row of each policy's summary, over all shards: 1 MiB per policy that had
+/// to evict live state.
+pub const DEFAULT_SUMMARY_WIDTH: usize = 16_384;
 
 impl MemoryStoreBuilder {
     /// The source of `now` (default: [`FastClock`], the wall clock at creation advanced by a
@@ -176,23 +145,43 @@ impl MemoryStoreBuilder {
         self.shards = shards.max(1);
         self
     }
-    /// The most keys tracked at once; beyond it, expired keys and then the keys expiring
-    /// soonest are evicted (which resets their limits). Default: unbounded.
+    /// The most keys tracked at once (default: unbounded). Beyond it the store evicts, as
+    /// described in the crate docs; an eviction never makes a key less restricted.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = Some(max_keys.max(1));
         self
     }
+    /// The most bytes the store allocates (default: unbounded): the tables, keys, states and
+    /// summaries, as [`MemoryStore::memory_bytes`] counts them. Evicts like `max_keys`.
+    pub fn max_memory(mut self, bytes: usize) -> Self {
+        self.max_memory = Some(bytes.max(1));
+        self
+    }
+    /// Cells per row of each policy's summary of evicted state, over all shards (default
+    /// [`DEFAULT_SUMMARY_WIDTH`]; 4 rows of 16-byte cells). Wider summaries misjudge fewer
+    /// evicted keys as more restricted than they are.
+    pub fn summary_width(mut self, cells: usize) -> Self {
+        self.summary_width = cells.max(1);
+        self
+    }
     /// The store.
     pub fn build(self) -> MemoryStore {
+        let width = (self.summary_width / self.shards).max(16);
         MemoryStore {
             shards: (0..self.shards)
-                .map(|_| Mutex::new(Shard::default()))
+                .map(|_| Mutex::new(Shard::new(width)))
                 .collect(),
             hasher: std::hash::RandomState::new(),
             clock: self.clock,
             max_keys: self.max_keys,
+            max_memory: self.max_memory,
             keys: AtomicUsize::new(0),
+            bytes: AtomicUsize::new(0),
             evicting: Mutex::new(()),
+            evicted_lease: LeaseId(format!("evicted-{:016x}", rand::random::<u64>())),
+            evicted_at_rest: AtomicU64::new(0),
+            evicted_informative: AtomicU64::new(0),
+            summarized_checks: AtomicU64::new(0),
         }
     }
 }
@@ -227,6 +216,8 @@ impl MemoryStore {
             clock: Arc::new(FastClock::new()),
             shards: DEFAULT_SHARDS,
             max_keys: None,
+            max_memory: None,
+            summary_width: DEFAULT_SUMMARY_WIDTH,
         }
     }
 
@@ -240,6 +231,23 @@ impl MemoryStore {
         self.len() == 0
     }
 
+    /// Bytes the store allocates, as `max_memory` counts them: each shard's table (slots and
+    /// control bytes), every key's and state's heap block rounded up as glibc's allocator
+    /// does, and the summaries of evicted state. Not counted: the fixed array of shards and
+    /// the allocator's own free lists.
+    pub fn memory_bytes(&self) -> usize {
+        self.bytes.load(Ordering::Relaxed)
+    }
+
+    /// The eviction counters (for `sluice_store_evictions_total{kind="at_rest"|"informative"}`).
+    pub fn eviction_counts(&self) -> EvictionCounts {
+        EvictionCounts {
+            at_rest: self.evicted_at_rest.load(Ordering::Relaxed),
+            informative: self.evicted_informative.load(Ordering::Relaxed),
+            summarized_checks: self.summarized_checks.load(Ordering::Relaxed),
+        }
+    }
+
     fn hash(&self, key: &str) -> u64 {
         self.hasher.hash_one(key)
     }
@@ -248,6 +256,19 @@ impl MemoryStore {
     /// spread over all of its low bits.
     fn shard_index(&self, hash: u64) -> usize {
         ((hash >> 40) % self.shards.len() as u64) as usize
+    }
+
+    /// Adds a shard's byte change to the total.
+    fn account_bytes(&self, delta: isize) {
+        match delta {
+            0 => {}
+            d if d > 0 => {
+                self.bytes.fetch_add(d as usize, Ordering::Relaxed);
+            }
+            d => {
+                self.bytes.fetch_sub(d.unsigned_abs(), Ordering::Relaxed);
+            }
+        }
     }
 
     /// Checks one limit: the fast path of [`MemoryStore::check_now`] (one hash, one lock, no
@@ -265,16 +286,15 @@ impl MemoryStore {
         let key = item.key;
         let hash = self.hash(key);
         let mut shard = self.shards[self.shard_index(hash)].lock();
-        let decide = |state| algorithm::decide(item.algorithm, state, now, item.cost, None);
-        let (outcome, stale) = match shard.get(hash, key) {
-            Some(e) if e.expires_at > now => (decide(Some(&e.state)), false),
-            Some(_) => (decide(None), true),
-            None => (decide(None), false),
-        };
+        let found = shard.lookup(hash, key, now, item.algorithm, &self.evicted_lease);
+        let stale = matches!(found, Lookup::Stale);
+        let summarized = matches!(found, Lookup::Summarized(_));
+        let outcome = algorithm::decide(item.algorithm, found.state(), now, item.cost, None);
         let (mut added, mut removed) = (0usize, 0usize);
         match outcome.update {
             Update::Put { state, expires_at } => {
-                added += usize::from(shard.put(hash, key, Entry { state, expires_at }))
+                let entry = Entry { state, expires_at };
+                added += usize::from(shard.put(hash, key, entry, item.algorithm))
             }
             Update::Delete => removed += usize::from(shard.remove(hash, key)),
             Update::Keep if stale => removed += usize::from(shard.remove(hash, key)),
@@ -282,15 +302,22 @@ impl MemoryStore {
         }
         shard.ops_since_sweep += 1;
         if shard.ops_since_sweep >= shard.len().max(64) {
-            removed += sweep(&mut shard, now);
+            removed += shard.sweep(now);
         }
+        let bytes = shard.take_bytes_delta();
         drop(shard);
+        if summarized {
+            self.summarized_checks.fetch_add(1, Ordering::Relaxed);
+        }
         if removed > 0 {
             self.keys.fetch_sub(removed, Ordering::Relaxed);
         }
+        self.account_bytes(bytes);
         if added > 0 {
             self.keys.fetch_add(added, Ordering::Relaxed);
-            self.enforce_cap(now);
+        }
+        if added > 0 || bytes > 0 {
+            self.enforce_limits(now);
         }
         outcome.decision
     }
@@ -327,89 +354,104 @@ impl MemoryStore {
         for s in &mut idx {
             *s = slot(*s);
         }
-        // Drop the expired states of the keys touched: they are back to their initial value.
-        let mut removed = 0usize;
-        for ((item, &g), &h) in items.iter().zip(&idx).zip(&hashes) {
-            let shard = &mut guards[g].1;
-            if shard.get(h, item.key).is_some_and(|e| e.expires_at <= now) {
-                shard.remove(h, item.key);
-                removed += 1;
-            }
-        }
-        if removed > 0 {
-            self.keys.fetch_sub(removed, Ordering::Relaxed);
-        }
-
         // Evaluate in order; a key appearing twice sees the change staged by the first.
-        let mut staged: HashMap<&str, (u64, Staged)> = HashMap::new();
+        let mut staged: HashMap<&str, (u64, Staged, &Algorithm)> = HashMap::new();
         let mut decisions = Vec::with_capacity(items.len());
+        let mut summarized = 0u64;
+        // Items whose stored state is back at rest: dropped once evaluated.
+        let mut stale = Vec::new();
         for ((item, &g), &h) in items.iter().zip(&idx).zip(&hashes) {
-            let state = match staged.get(item.key) {
-                Some((_, Staged::Put(s, _))) => Some(s),
-                Some((_, Staged::Delete)) => None,
-                None => guards[g].1.live(h, item.key, now),
+            let outcome = match staged.get(item.key) {
+                Some((_, change, _)) => {
+                    let state = match change {
+                        Staged::Put(s, _) => Some(s),
+                        Staged::Delete => None,
+                    };
+                    algorithm::decide(item.algorithm, state, now, item.cost, lease.as_ref())
+                }
+                None => {
+                    let found =
+                        guards[g]
+                            .1
+                            .lookup(h, item.key, now, item.algorithm, &self.evicted_lease);
+                    summarized += u64::from(matches!(found, Lookup::Summarized(_)));
+                    if matches!(found, Lookup::Stale) {
+                        stale.push((g, h, item.key));
+                    }
+                    algorithm::decide(
+                        item.algorithm,
+                        found.state(),
+                        now,
+                        item.cost,
+                        lease.as_ref(),
+                    )
+                }
             };
-            let outcome = algorithm::decide(item.algorithm, state, now, item.cost, lease.as_ref());
             match outcome.update {
                 Update::Keep => {}
                 Update::Put { state, expires_at } => {
-                    staged.insert(item.key, (h, Staged::Put(state, expires_at)));
+                    let change = Staged::Put(state, expires_at);
+                    staged.insert(item.key, (h, change, item.algorithm));
                 }
                 Update::Delete => {
-                    staged.insert(item.key, (h, Staged::Delete));
+                    staged.insert(item.key, (h, Staged::Delete, item.algorithm));
                 }
             }
             decisions.push(outcome.decision);
         }
+        if summarized > 0 {
+            self.summarized_checks
+                .fetch_add(summarized, Ordering::Relaxed);
+        }
 
         let allowed = decisions.iter().all(|d| d.allowed);
+        let (mut added, mut removed) = (0usize, 0usize);
+        if !allowed {
+            // Denied: nothing is written. Items that would have admitted report their
+            // unconsumed state, as a cost-0 peek sees it.
+            for (i, ((item, &g), &h)) in items.iter().zip(&idx).zip(&hashes).enumerate() {
+                if decisions[i].allowed {
+                    let found =
+                        guards[g]
+                            .1
+                            .lookup(h, item.key, now, item.algorithm, &self.evicted_lease);
+                    let peek =
+                        algorithm::decide(item.algorithm, found.state(), now, 0, None).decision;
+                    decisions[i] = Decision {
+                        allowed: false,
+                        retry_after_ms: 0,
+                        delay_ms: 0,
+                        reason: Some(DenyReason::OtherLimitDenied),
+                        lease: None,
+                        ..peek
+                    };
+                }
+            }
+        }
+        for (g, h, key) in stale {
+            removed += usize::from(guards[g].1.remove(h, key));
+        }
         if allowed {
-            let mut added = 0usize;
-            let mut removed = 0usize;
-
-            for (key, (h, change)) in staged {
+            for (key, (h, change, algorithm)) in staged {
                 let g = slot(self.shard_index(h));
                 let shard = &mut guards[g].1;
                 match change {
                     Staged::Put(state, expires_at) => {
-                        added += usize::from(shard.put(h, key, Entry { state, expires_at }));
+                        let entry = Entry { state, expires_at };
+                        added += usize::from(shard.put(h, key, entry, algorithm));
                     }
                     Staged::Delete => removed += usize::from(shard.remove(h, key)),
                 }
             }
-            removed += self.sweep_some(&mut guards, now);
-            self.keys.fetch_add(added, Ordering::Relaxed);
-            self.keys.fetch_sub(removed, Ordering::Relaxed);
-            drop(guards);
-            if added > 0 {
-                self.enforce_cap(now);
-            }
-            return MultiDecision { allowed, decisions };
         }
-
-        let swept = self.sweep_some(&mut guards, now);
-        self.keys.fetch_sub(swept, Ordering::Relaxed);
-        // Denied: nothing is written. Items that would have admitted report their unconsumed
-        // state, as a cost-0 peek sees it.
-        for (i, ((item, &g), &h)) in items.iter().zip(&idx).zip(&hashes).enumerate() {
-            if decisions[i].allowed {
-                let peek = algorithm::decide(
-                    item.algorithm,
-                    guards[g].1.live(h, item.key, now),
-                    now,
-                    0,
-                    None,
-                )
-                .decision;
-                decisions[i] = Decision {
-                    allowed: false,
-                    retry_after_ms: 0,
-                    delay_ms: 0,
-                    reason: Some(DenyReason::OtherLimitDenied),
-                    lease: None,
-                    ..peek
-                };
-            }
+        removed += self.sweep_some(&mut guards, now);
+        let bytes: isize = guards.iter_mut().map(|(_, s)| s.take_bytes_delta()).sum();
+        drop(guards);
+        self.keys.fetch_add(added, Ordering::Relaxed);
+        self.keys.fetch_sub(removed, Ordering::Relaxed);
+        self.account_bytes(bytes);
+        if added > 0 || bytes > 0 {
+            self.enforce_limits(now);
         }
         MultiDecision { allowed, decisions }
     }
@@ -421,7 +463,7 @@ impl MemoryStore {
         for (_, shard) in guards.iter_mut() {
             shard.ops_since_sweep += 1;
             if shard.ops_since_sweep >= shard.len().max(64) {
-                removed += sweep(shard, now);
+                removed += shard.sweep(now);
             }
         }
         removed
@@ -432,86 +474,32 @@ impl MemoryStore {
         let now = self.clock.now();
         let hash = self.hash(key);
         let mut shard = self.shards[self.shard_index(hash)].lock();
-        let Some(state) = shard.live(hash, key, now) else {
+        let Some(state) = shard.get(hash, key).filter(|e| e.expires_at > now) else {
             return false;
         };
-        let (held, update) = algorithm::release(Some(state), now, lease);
+        let (held, update) = algorithm::release(Some(&state.state), now, lease);
+        let mut removed = false;
         match update {
             Update::Keep => {}
             Update::Put { state, expires_at } => {
-                shard.put(hash, key, Entry { state, expires_at });
+                shard.replace(hash, key, Entry { state, expires_at });
             }
-            Update::Delete => {
-                if shard.remove(hash, key) {
-                    self.keys.fetch_sub(1, Ordering::Relaxed);
-                }
-            }
+            Update::Delete => removed = shard.remove(hash, key),
         }
+        let bytes = shard.take_bytes_delta();
+        drop(shard);
+        if removed {
+            self.keys.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.account_bytes(bytes);
         held
     }
 
-    /// Brings the key count back under the cap: expired entries go first, then those expiring
-    /// soonest. Evicts down to 95% of the cap so a full store does not scan on every insert.
-    fn enforce_cap(&self, now: Timestamp) {
-        let Some(max) = self.max_keys else { return };
-        if self.len() <= max {
-            return;
-        }
-        let Some(_evicting) = self.evicting.try_lock() else {
-            return;
-        };
-        for shard in self.shards.iter() {
-            let removed = sweep(&mut shard.lock(), now);
-            self.keys.fetch_sub(removed, Ordering::Relaxed);
-        }
-        let target = max - max / 20;
-        let len = self.len();
-        if len <= max {
-            return;
-        }
-        let mut excess = len - target;
-        let mut expiries: Vec<Timestamp> = Vec::with_capacity(len);
-        for shard in self.shards.iter() {
-            expiries.extend(shard.lock().map.iter().map(|s| s.entry.expires_at));
-        }
-        if expiries.is_empty() {
-            return;
-        }
-        excess = excess.min(expiries.len());
-        let (_, &mut cutoff, _) = expiries.select_nth_unstable(excess - 1);
-        // First every entry expiring before the cutoff (fewer than `excess`), then entries
-        // expiring at the cutoff until enough are gone.
-        for strictly_before in [true, false] {
-            for shard in self.shards.iter() {
-                if excess == 0 {
-                    return;
-                }
-                let mut shard = shard.lock();
-                let before = shard.map.len();
-                shard.map.retain(|s| {
-                    let e = &s.entry;
-                    let evict = excess > 0
-                        && if strictly_before {
-                            e.expires_at < cutoff
-                        } else {
-                            e.expires_at == cutoff
-                        };
-                    excess -= usize::from(evict);
-                    !evict
-                });
-                self.keys
-                    .fetch_sub(before - shard.map.len(), Ordering::Relaxed);
-            }
-        }
+    /// Whether the store holds more keys or bytes than its limits allow.
+    fn over_limits(&self) -> bool {
+        self.max_keys.is_some_and(|m| self.len() > m)
+            || self.max_memory.is_some_and(|m| self.memory_bytes() > m)
     }
-}
-
-/// Drops a shard's expired entries; returns how many.
-fn sweep(shard: &mut Shard, now: Timestamp) -> usize {
-    let before = shard.map.len();
-    shard.map.retain(|s| s.entry.expires_at > now);
-    shard.ops_since_sweep = 0;
-    before - shard.map.len()
 }
 
 /// 16 random hex characters.

@@ -128,7 +128,7 @@ fn deleting_release_drops_the_key() {
 }
 
 #[test]
-fn key_cap_evicts_expired_then_soonest_expiring() {
+fn key_cap_evicts_expired_then_soonest_expiring_into_the_summary() {
     let clock = ManualClock::new(T0);
     let store = MemoryStore::builder()
         .clock(Arc::new(clock.clone()))
@@ -146,9 +146,11 @@ fn key_cap_evicts_expired_then_soonest_expiring() {
     // The 101st key pushes the store over the cap: it evicts down to 95, the soonest expiring.
     assert!(one(&store, "rl:{k:new}:p", &short, 500).allowed);
     assert_eq!(store.len(), 95);
-    // Keys 0..=5 (expiring soonest) were evicted: they start full again.
-    assert_eq!(one(&store, "rl:{k:0}:p", &short, 0).remaining, 1000);
-    assert_eq!(one(&store, "rl:{k:5}:p", &short, 0).remaining, 1000);
+    // Keys 0..=5 (expiring soonest) were evicted, into their policy's summary: they come back
+    // exactly as spent (a token bucket's summary is exact for a key that shares no cell).
+    assert_eq!(one(&store, "rl:{k:0}:p", &short, 0).remaining, 1000 - 1);
+    assert_eq!(one(&store, "rl:{k:5}:p", &short, 0).remaining, 1000 - 6);
+    assert_eq!(store.eviction_counts().informative, 6);
     assert_eq!(one(&store, "rl:{k:6}:p", &short, 0).remaining, 1000 - 7);
     assert_eq!(one(&store, "rl:{k:new}:p", &short, 0).remaining, 500);
 
