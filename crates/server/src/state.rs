@@ -88,6 +88,7 @@ pub async fn build_limiter(config: &Config) -> Result<Limiter, StoreError> {
     let options = StoreOptions {
         timeout: config.store.timeout,
         max_keys: config.store.max_keys,
+        ..Default::default()
     };
     let store = url.connect(&options).await?;
     Ok(Limiter::builder(store)
