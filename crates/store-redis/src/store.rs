@@ -1,9 +1,15 @@
 //! [`RedisStore`]: the [`Store`] on Redis or Valkey, standalone or Cluster.
 
+mod call;
+pub(crate) mod compensation;
+mod connection;
+
 use crate::protocol::{self, ROW};
 use crate::scripts;
-use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use redis::cluster_async::ClusterConnection;
+use call::{LeaseGuard, ReleaseContext, batch_runner, release_runner};
+use compensation::{Compensator, PendingRelease};
+use connection::{Conn, SentinelConn};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{
     ClientTlsConfig, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind, TlsCertificates,
@@ -14,7 +20,8 @@ use sluice_core::{Algorithm, CheckItem, Clock, LeaseId, MultiDecision, Store, St
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+use tokio::sync::Semaphore;
 
 /// How the logic is installed on the server.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -48,6 +55,10 @@ pub struct RedisOptions {
     /// Send concurrent one-limit checks together in one script call (default true; only
     /// standalone servers in script mode with the server clock; see `src/batch.rs`).
     pub batch: bool,
+    /// The longest a call may wait in sluice's own queue (the batching queue, or for a free
+    /// in-flight slot) before it is answered [`StoreError::Overloaded`] (default 1 s). This
+    /// wait is not part of `timeout`: a busy sluice is not a failing store.
+    pub queue_wait: Duration,
 }
 
 impl Default for RedisOptions {
@@ -60,6 +71,7 @@ impl Default for RedisOptions {
             namespace: None,
             ttl_pad_ms: None,
             batch: true,
+            queue_wait: Duration::from_secs(1),
         }
     }
 }
@@ -107,122 +119,14 @@ impl RedisStoreBuilder {
         self.options.batch = on;
         self
     }
+    /// The longest a call may wait in sluice's own queue (default 1 s).
+    pub fn queue_wait(mut self, wait: Duration) -> Self {
+        self.options.queue_wait = wait;
+        self
+    }
     /// Connects.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
         connect(&self.url, self.options).await
-    }
-}
-
-#[derive(Clone)]
-enum Conn {
-    Single(ConnectionManager),
-    Cluster(ClusterConnection),
-    Sentinel(Arc<SentinelConn>),
-}
-
-impl Conn {
-    async fn query(&self, cmd: &redis::Cmd) -> Result<Value, RedisError> {
-        match self {
-            Conn::Single(c) => c.clone().req_packed_command(cmd).await,
-            Conn::Cluster(c) => c.clone().req_packed_command(cmd).await,
-            Conn::Sentinel(s) => {
-                let r = s.current().req_packed_command(cmd).await;
-                if let Err(e) = &r
-                    && needs_rediscovery(e)
-                {
-                    s.rediscover();
-                }
-                r
-            }
-        }
-        .and_then(Value::extract_error)
-    }
-
-    /// A call timed out: with Sentinel, the master may have moved.
-    fn suspect(&self) {
-        if let Conn::Sentinel(s) = self {
-            s.rediscover();
-        }
-    }
-}
-
-/// Errors after which a Sentinel-managed master may no longer be the master at the address
-/// the store is connected to.
-fn needs_rediscovery(e: &RedisError) -> bool {
-    e.is_io_error()
-        || e.is_connection_dropped()
-        || e.is_connection_refusal()
-        || matches!(
-            e.kind(),
-            ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
-        )
-        // A script refused on a demoted master can arrive wrapped in a script error.
-        || e.to_string().contains("READONLY")
-}
-
-/// The master of a Sentinel-monitored group: a [`ConnectionManager`] to the address the
-/// sentinels reported, replaced (in the background, one lookup at a time, at most every
-/// 100 ms) when a call fails in a way that suggests a failover.
-struct SentinelConn {
-    sentinel: tokio::sync::Mutex<SentinelClient>,
-    current: std::sync::RwLock<ConnectionManager>,
-    config: ConnectionManagerConfig,
-    connect_timeout: Duration,
-    busy: AtomicBool,
-    last: std::sync::Mutex<Option<Instant>>,
-}
-
-impl SentinelConn {
-    fn current(&self) -> ConnectionManager {
-        self.current
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    async fn master(
-        sentinel: &mut SentinelClient,
-        config: &ConnectionManagerConfig,
-    ) -> Result<ConnectionManager, RedisError> {
-        let client = sentinel.async_get_client().await?;
-        ConnectionManager::new_with_config(client, config.clone()).await
-    }
-
-    fn rediscover(self: &Arc<Self>) {
-        {
-            let mut last = self
-                .last
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if last.is_some_and(|t| t.elapsed() < Duration::from_millis(100)) {
-                return;
-            }
-            if self.busy.swap(true, Ordering::AcqRel) {
-                return;
-            }
-            *last = Some(Instant::now());
-        }
-        let this = Arc::clone(self);
-        tokio::spawn(async move {
-            let mut sentinel = this.sentinel.lock().await;
-            let found = tokio::time::timeout(
-                this.connect_timeout,
-                Self::master(&mut sentinel, &this.config),
-            )
-            .await;
-            match found {
-                Ok(Ok(conn)) => {
-                    *this
-                        .current
-                        .write()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner) = conn;
-                }
-                Ok(Err(e)) => tracing::warn!("sentinel: master lookup failed: {e}"),
-                Err(_) => tracing::warn!("sentinel: master lookup timed out"),
-            }
-            drop(sentinel);
-            this.busy.store(false, Ordering::Release);
-        });
     }
 }
 
@@ -254,11 +158,19 @@ pub struct RedisStore {
     pad: String,
     single: [Lua; 7],
     multi: Lua,
-    release: Lua,
+    release: Arc<Lua>,
     id_prefix: String,
     counter: AtomicU64,
     batcher: Option<crate::batch::Batcher>,
+    queue_wait: Duration,
+    /// In-flight slots of calls that are not batched: beyond, calls wait (sluice's own
+    /// queue), so each call's timeout measures its round trip, not a pipeline backlog.
+    direct: Semaphore,
+    compensator: Compensator,
 }
+
+/// Most unbatched calls in flight at once on one store.
+const DIRECT_IN_FLIGHT: usize = 128;
 
 impl std::fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -388,6 +300,14 @@ pub async fn connect(url: &str, mut options: RedisOptions) -> Result<RedisStore,
     let pad = options
         .ttl_pad_ms
         .unwrap_or(if options.clock.is_some() { 600_000 } else { 0 });
+    let compensator = Compensator::spawn(release_runner(ReleaseContext {
+        conn: conn.clone(),
+        mode: options.mode,
+        timeout: options.timeout,
+        lua: Arc::new(Lua::new(scripts::RELEASE)),
+        clock: options.clock.clone(),
+        pad: pad.to_string(),
+    }));
     let mut store = RedisStore {
         conn,
         cluster: parsed.cluster,
@@ -406,15 +326,20 @@ pub async fn connect(url: &str, mut options: RedisOptions) -> Result<RedisStore,
             Lua::new(scripts::CONCURRENCY),
         ],
         multi: Lua::new(scripts::MULTI),
-        release: Lua::new(scripts::RELEASE),
+        release: Arc::new(Lua::new(scripts::RELEASE)),
         id_prefix: format!("{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff),
         counter: AtomicU64::new(0),
         batcher: None,
+        queue_wait: options.queue_wait,
+        direct: Semaphore::new(DIRECT_IN_FLIGHT),
+        compensator,
     };
     if options.batch && store.mode == ScriptMode::Eval && store.clock.is_none() && !store.cluster {
         store.batcher = Some(crate::batch::Batcher::spawn(
-            batch_runner(store.conn.clone()),
+            batch_runner(store.conn.clone(), store.timeout),
             store.pad.clone(),
+            store.queue_wait,
+            store.compensator.clone(),
         ));
     }
     if store.mode == ScriptMode::Functions {
@@ -547,47 +472,8 @@ impl RedisStore {
         self.conn.query(&cmd).await.map(|_| ()).map_err(map_err)
     }
 
-    /// Runs a script (or its function) with `keys` and `args`, recovering from a flushed
-    /// script cache or a missing library without the caller seeing it.
-    async fn invoke(
-        &self,
-        lua: &Lua,
-        function: &str,
-        keys: &[String],
-        args: &[String],
-    ) -> Result<Value, RedisError> {
-        match self.mode {
-            ScriptMode::Eval => {
-                let mut cmd = redis::cmd("EVALSHA");
-                cmd.arg(&lua.sha).arg(keys.len()).arg(keys).arg(args);
-                match self.conn.query(&cmd).await {
-                    Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                        // EVAL runs the script and caches it again on the node that owns the keys.
-                        let mut cmd = redis::cmd("EVAL");
-                        cmd.arg(lua.src).arg(keys.len()).arg(keys).arg(args);
-                        self.conn.query(&cmd).await
-                    }
-                    r => r,
-                }
-            }
-            ScriptMode::Functions => {
-                let mut cmd = redis::cmd("FCALL");
-                cmd.arg(function).arg(keys.len()).arg(keys).arg(args);
-                match self.conn.query(&cmd).await {
-                    Err(e) if is_missing_function(&e) => {
-                        let mut load = redis::cmd("FUNCTION");
-                        load.arg("LOAD")
-                            .arg("REPLACE")
-                            .arg(scripts::FUNCTION_LIBRARY);
-                        self.conn.query(&load).await?;
-                        self.conn.query(&cmd).await
-                    }
-                    r => r,
-                }
-            }
-        }
-    }
-
+    /// Runs a script (or its function) under the per-call timeout, after waiting (at most
+    /// the queue bound) for an in-flight slot.
     async fn invoke_timed(
         &self,
         lua: &Lua,
@@ -595,18 +481,26 @@ impl RedisStore {
         keys: &[String],
         args: &[String],
     ) -> Result<Value, StoreError> {
-        let ms = self.timeout.as_millis() as u64;
-        match tokio::time::timeout(self.timeout, self.invoke(lua, function, keys, args)).await {
+        let _slot = match tokio::time::timeout(self.queue_wait, self.direct.acquire()).await {
+            Ok(Ok(slot)) => slot,
+            Ok(Err(_)) => return Err(StoreError::Unavailable("store closed".into())),
             Err(_) => {
-                self.conn.suspect();
-                Err(StoreError::Timeout(ms))
+                return Err(StoreError::Overloaded(format!(
+                    "no free in-flight slot within the queue bound of {} ms",
+                    self.queue_wait.as_millis()
+                )));
             }
-            Ok(Err(e)) => Err(match map_err(e) {
-                StoreError::Timeout(_) => StoreError::Timeout(ms),
-                other => other,
-            }),
-            Ok(Ok(v)) => Ok(v),
-        }
+        };
+        call::invoke_timed(
+            &self.conn,
+            self.mode,
+            self.timeout,
+            lua,
+            function,
+            keys,
+            args,
+        )
+        .await
     }
 
     fn check_slots(&self, keys: &[String]) -> Result<(), StoreError> {
@@ -622,27 +516,6 @@ impl RedisStore {
         }
         Ok(())
     }
-}
-
-/// Runs `lua/batch.lua` on `conn` (EVALSHA, EVAL when the script cache was flushed).
-fn batch_runner(conn: Conn) -> crate::batch::Runner {
-    let lua = Arc::new(Lua::new(scripts::BATCH));
-    Arc::new(move |keys: Vec<String>, args: Vec<String>| {
-        let (conn, lua) = (conn.clone(), Arc::clone(&lua));
-        Box::pin(async move {
-            let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(&lua.sha).arg(keys.len()).arg(&keys).arg(&args);
-            match conn.query(&cmd).await {
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    let mut cmd = redis::cmd("EVAL");
-                    cmd.arg(lua.src).arg(keys.len()).arg(&keys).arg(&args);
-                    conn.query(&cmd).await
-                }
-                r => r,
-            }
-            .map_err(map_err)
-        })
-    })
 }
 
 pub(crate) fn ints(v: Value) -> Result<Vec<i64>, StoreError> {
@@ -677,38 +550,49 @@ impl Store for RedisStore {
         args.push(self.now_arg());
         args.push(self.pad.clone());
         let mut tokens = Vec::with_capacity(items.len());
-        for item in items {
+        // Concurrency acquires: their lease ids are known now, so a call whose outcome is
+        // lost can be compensated by releasing them.
+        let mut leases = Vec::new();
+        for (item, key) in items.iter().zip(&keys) {
             let token = if protocol::needs_token(item.algorithm, item.cost) {
                 protocol::token_for(&self.next_id(), item.cost)
             } else {
                 String::new()
             };
+            if let Algorithm::Concurrency { lease_ms, .. } = item.algorithm
+                && !token.is_empty()
+            {
+                leases.push(PendingRelease::new(key.clone(), token.clone(), *lease_ms));
+            }
             protocol::push_item_args(&mut args, item.algorithm, item.cost, &token);
             tokens.push(token);
         }
         if let (Some(batcher), [_]) = (&self.batcher, items) {
-            let ms = self.timeout.as_millis() as u64;
+            // The batching task applies the timeout to the script call and compensates the
+            // lease itself (it alone knows whether the item was sent).
             let key = keys.into_iter().next().unwrap_or_default();
             let item_args = args.split_off(2);
-            return match tokio::time::timeout(self.timeout, batcher.check(key, item_args)).await {
-                Err(_) => {
-                    self.conn.suspect();
-                    Err(StoreError::Timeout(ms))
-                }
-                Ok(Err(StoreError::Timeout(_))) => Err(StoreError::Timeout(ms)),
-                Ok(Err(e)) => Err(e),
-                Ok(Ok(row)) => protocol::decode(items, &tokens, &row),
-            };
+            let row = batcher.check(key, item_args, leases.pop()).await?;
+            return protocol::decode(items, &tokens, &row);
         }
         let lua = if items.len() == 1 {
             &self.single[script_index(items[0].algorithm)]
         } else {
             &self.multi
         };
-        let reply = self
+        let guard = LeaseGuard::new(&self.compensator, leases);
+        let decided = self
             .invoke_timed(lua, scripts::FN_CHECK, &keys, &args)
-            .await?;
-        protocol::decode(items, &tokens, &ints(reply)?)
+            .await
+            .and_then(ints)
+            .and_then(|reply| protocol::decode(items, &tokens, &reply));
+        match decided {
+            // Decided (the caller holds whatever leases were taken), or never sent.
+            Ok(_) | Err(StoreError::Invalid(_) | StoreError::Overloaded(_)) => guard.disarm(),
+            // The call may have run, or may still run: the guard releases its leases.
+            Err(_) => drop(guard),
+        }
+        decided
     }
 
     async fn release(
@@ -720,17 +604,29 @@ impl Store for RedisStore {
         if !matches!(algorithm, Algorithm::Concurrency { .. }) {
             return Ok(false);
         }
+        let Algorithm::Concurrency { lease_ms, .. } = algorithm else {
+            return Ok(false);
+        };
         let keys = [self.server_key(key)];
         let args = [self.now_arg(), self.pad.clone(), lease.0.clone()];
-        match self
+        // A release that fails (or is abandoned) is retried in the background: its caller
+        // has let go of the lease either way.
+        let retry = PendingRelease::new(keys[0].clone(), lease.0.clone(), *lease_ms);
+        let guard = LeaseGuard::new(&self.compensator, vec![retry]);
+        let released = self
             .invoke_timed(&self.release, scripts::FN_RELEASE, &keys, &args)
-            .await?
-        {
-            Value::Int(i) => Ok(i == 1),
-            other => Err(StoreError::Backend(format!(
-                "unexpected release reply {other:?}"
-            ))),
+            .await
+            .and_then(|reply| match reply {
+                Value::Int(i) => Ok(i == 1),
+                other => Err(StoreError::Backend(format!(
+                    "unexpected release reply {other:?}"
+                ))),
+            });
+        match released {
+            Ok(_) | Err(StoreError::Invalid(_)) => guard.disarm(),
+            Err(_) => drop(guard),
         }
+        released
     }
 
     fn kind(&self) -> &'static str {
@@ -743,5 +639,11 @@ impl Store for RedisStore {
 
     fn requires_single_slot(&self) -> bool {
         self.cluster
+    }
+
+    /// A call waits at most the queue bound for its turn, then its round trip takes at most
+    /// the timeout (plus scheduling slack).
+    fn call_bound(&self) -> Option<Duration> {
+        Some(self.queue_wait + self.timeout + Duration::from_millis(200))
     }
 }

@@ -1,0 +1,169 @@
+//! One script call on the server, under the per-call timeout, and the runners the background
+//! tasks (batching, lease compensation) use to make theirs.
+//!
+//! The timeout wraps the call itself (the round trip, with the `NOSCRIPT` or missing-library
+//! recovery), never time spent waiting in sluice's own queues: that wait has its own bound
+//! and its own error ([`StoreError::Overloaded`]).
+
+use super::compensation::{Compensator, PendingRelease, ReleaseRunner};
+use super::connection::Conn;
+use super::{Lua, ScriptMode, is_missing_function, map_err};
+use crate::scripts;
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use sluice_core::{Clock, StoreError};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Runs a script (or its function) with `keys` and `args`, recovering from a flushed script
+/// cache or a missing library without the caller seeing it.
+async fn invoke(
+    conn: &Conn,
+    mode: ScriptMode,
+    lua: &Lua,
+    function: &str,
+    keys: &[String],
+    args: &[String],
+) -> Result<Value, RedisError> {
+    match mode {
+        ScriptMode::Eval => {
+            let mut cmd = redis::cmd("EVALSHA");
+            cmd.arg(&lua.sha).arg(keys.len()).arg(keys).arg(args);
+            match conn.query(&cmd).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    // EVAL runs the script and caches it again on the node that owns the keys.
+                    let mut cmd = redis::cmd("EVAL");
+                    cmd.arg(lua.src).arg(keys.len()).arg(keys).arg(args);
+                    conn.query(&cmd).await
+                }
+                r => r,
+            }
+        }
+        ScriptMode::Functions => {
+            let mut cmd = redis::cmd("FCALL");
+            cmd.arg(function).arg(keys.len()).arg(keys).arg(args);
+            match conn.query(&cmd).await {
+                Err(e) if is_missing_function(&e) => {
+                    let mut load = redis::cmd("FUNCTION");
+                    load.arg("LOAD")
+                        .arg("REPLACE")
+                        .arg(scripts::FUNCTION_LIBRARY);
+                    conn.query(&load).await?;
+                    conn.query(&cmd).await
+                }
+                r => r,
+            }
+        }
+    }
+}
+
+/// [`invoke`] under `timeout`, with errors mapped to [`StoreError`].
+pub(super) async fn invoke_timed(
+    conn: &Conn,
+    mode: ScriptMode,
+    timeout: Duration,
+    lua: &Lua,
+    function: &str,
+    keys: &[String],
+    args: &[String],
+) -> Result<Value, StoreError> {
+    let ms = timeout.as_millis() as u64;
+    match tokio::time::timeout(timeout, invoke(conn, mode, lua, function, keys, args)).await {
+        Err(_) => {
+            conn.suspect();
+            Err(StoreError::Timeout(ms))
+        }
+        Ok(Err(e)) => Err(match map_err(e) {
+            StoreError::Timeout(_) => StoreError::Timeout(ms),
+            other => other,
+        }),
+        Ok(Ok(v)) => Ok(v),
+    }
+}
+
+/// Runs `lua/batch.lua` on `conn` under `timeout` (EVALSHA, EVAL when the script cache was
+/// flushed).
+pub(super) fn batch_runner(conn: Conn, timeout: Duration) -> crate::batch::Runner {
+    let lua = Arc::new(Lua::new(scripts::BATCH));
+    Arc::new(move |keys: Vec<String>, args: Vec<String>| {
+        let (conn, lua) = (conn.clone(), Arc::clone(&lua));
+        Box::pin(async move {
+            invoke_timed(&conn, ScriptMode::Eval, timeout, &lua, "", &keys, &args).await
+        })
+    })
+}
+
+/// What a release needs, outside the store.
+pub(super) struct ReleaseContext {
+    pub(super) conn: Conn,
+    pub(super) mode: ScriptMode,
+    pub(super) timeout: Duration,
+    pub(super) lua: Arc<Lua>,
+    pub(super) clock: Option<Arc<dyn Clock>>,
+    pub(super) pad: String,
+}
+
+impl ReleaseContext {
+    /// Releases lease `token` on the server key `key`: whether it was held.
+    pub(super) async fn release(&self, key: String, token: String) -> Result<bool, StoreError> {
+        let now = self
+            .clock
+            .as_ref()
+            .map_or_else(String::new, |c| c.now().to_string());
+        let keys = [key];
+        let args = [now, self.pad.clone(), token];
+        let reply = invoke_timed(
+            &self.conn,
+            self.mode,
+            self.timeout,
+            &self.lua,
+            scripts::FN_RELEASE,
+            &keys,
+            &args,
+        )
+        .await?;
+        match reply {
+            Value::Int(i) => Ok(i == 1),
+            other => Err(StoreError::Backend(format!(
+                "unexpected release reply {other:?}"
+            ))),
+        }
+    }
+}
+
+/// The compensation task's release runner.
+pub(super) fn release_runner(context: ReleaseContext) -> ReleaseRunner {
+    let context = Arc::new(context);
+    Arc::new(move |key: String, token: String| {
+        let context = Arc::clone(&context);
+        Box::pin(async move { context.release(key, token).await })
+    })
+}
+
+/// Leases whose outcome the caller may not see: handed to the [`Compensator`] when dropped
+/// armed (the call failed, or the caller stopped waiting mid-call).
+pub(super) struct LeaseGuard<'a> {
+    compensator: &'a Compensator,
+    leases: Vec<PendingRelease>,
+}
+
+impl<'a> LeaseGuard<'a> {
+    pub(super) fn new(compensator: &'a Compensator, leases: Vec<PendingRelease>) -> Self {
+        Self {
+            compensator,
+            leases,
+        }
+    }
+
+    /// The caller has the outcome: nothing to compensate.
+    pub(super) fn disarm(mut self) {
+        self.leases.clear();
+    }
+}
+
+impl Drop for LeaseGuard<'_> {
+    fn drop(&mut self) {
+        for lease in self.leases.drain(..) {
+            self.compensator.push(lease);
+        }
+    }
+}

@@ -1,0 +1,124 @@
+//! The connection a [`super::RedisStore`] sends its calls on: one multiplexed, reconnecting
+//! connection to a standalone server, a Cluster connection, or the current master of a
+//! Sentinel group (found again when a call suggests a failover).
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::sentinel::SentinelClient;
+use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+#[derive(Clone)]
+pub(crate) enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+    Sentinel(Arc<SentinelConn>),
+}
+
+impl Conn {
+    pub(crate) async fn query(&self, cmd: &redis::Cmd) -> Result<Value, RedisError> {
+        match self {
+            Conn::Single(c) => c.clone().req_packed_command(cmd).await,
+            Conn::Cluster(c) => c.clone().req_packed_command(cmd).await,
+            Conn::Sentinel(s) => {
+                let r = s.current().req_packed_command(cmd).await;
+                if let Err(e) = &r
+                    && needs_rediscovery(e)
+                {
+                    s.rediscover();
+                }
+                r
+            }
+        }
+        .and_then(Value::extract_error)
+    }
+
+    /// A call timed out: with Sentinel, the master may have moved.
+    pub(crate) fn suspect(&self) {
+        if let Conn::Sentinel(s) = self {
+            s.rediscover();
+        }
+    }
+}
+
+/// Errors after which a Sentinel-managed master may no longer be the master at the address
+/// the store is connected to.
+fn needs_rediscovery(e: &RedisError) -> bool {
+    e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || matches!(
+            e.kind(),
+            ErrorKind::Server(ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+        )
+        // A script refused on a demoted master can arrive wrapped in a script error.
+        || e.to_string().contains("READONLY")
+}
+
+/// The master of a Sentinel-monitored group: a [`ConnectionManager`] to the address the
+/// sentinels reported, replaced (in the background, one lookup at a time, at most every
+/// 100 ms) when a call fails in a way that suggests a failover.
+pub(crate) struct SentinelConn {
+    pub(crate) sentinel: tokio::sync::Mutex<SentinelClient>,
+    pub(crate) current: std::sync::RwLock<ConnectionManager>,
+    pub(crate) config: ConnectionManagerConfig,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) busy: AtomicBool,
+    pub(crate) last: std::sync::Mutex<Option<Instant>>,
+}
+
+impl SentinelConn {
+    fn current(&self) -> ConnectionManager {
+        self.current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) async fn master(
+        sentinel: &mut SentinelClient,
+        config: &ConnectionManagerConfig,
+    ) -> Result<ConnectionManager, RedisError> {
+        let client = sentinel.async_get_client().await?;
+        ConnectionManager::new_with_config(client, config.clone()).await
+    }
+
+    fn rediscover(self: &Arc<Self>) {
+        {
+            let mut last = self
+                .last
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if last.is_some_and(|t| t.elapsed() < Duration::from_millis(100)) {
+                return;
+            }
+            if self.busy.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let this = Arc::clone(self);
+        tokio::spawn(async move {
+            let mut sentinel = this.sentinel.lock().await;
+            let found = tokio::time::timeout(
+                this.connect_timeout,
+                Self::master(&mut sentinel, &this.config),
+            )
+            .await;
+            match found {
+                Ok(Ok(conn)) => {
+                    *this
+                        .current
+                        .write()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = conn;
+                }
+                Ok(Err(e)) => tracing::warn!("sentinel: master lookup failed: {e}"),
+                Err(_) => tracing::warn!("sentinel: master lookup timed out"),
+            }
+            drop(sentinel);
+            this.busy.store(false, Ordering::Release);
+        });
+    }
+}

@@ -1,0 +1,80 @@
+//! Overload is not failure: a burst of concurrent checks on a healthy server waits in
+//! sluice's own queue, and that wait never turns into a store timeout. Every check is decided
+//! by the server, so exactly the limit is admitted.
+
+use sluice_core::{Algorithm, CheckItem, Store, StoreError};
+use sluice_redis::RedisStore;
+use sluice_testkit::servers::RedisServer;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Concurrent checks in the burst.
+const BURST: usize = 4_000;
+/// The limit of the one identity they all hit.
+const LIMIT: u64 = 100;
+
+#[derive(Debug, Default)]
+struct Tally {
+    admitted: u64,
+    denied: u64,
+    timeouts: u64,
+    overloaded: u64,
+    other_errors: Vec<StoreError>,
+}
+
+/// `BURST` checks of one key, all started at once on the calling (current-thread) runtime,
+/// so the later ones spend a long time queued behind the earlier ones.
+async fn burst(store: Arc<RedisStore>, key: &str) -> Tally {
+    let algorithm = Algorithm::FixedWindow {
+        limit: LIMIT,
+        window_ms: 600_000,
+    };
+    let mut tasks = Vec::with_capacity(BURST);
+    for _ in 0..BURST {
+        let (store, key, algorithm) = (Arc::clone(&store), key.to_string(), algorithm.clone());
+        tasks.push(tokio::spawn(async move {
+            store
+                .check(&[CheckItem {
+                    key: &key,
+                    algorithm: &algorithm,
+                    cost: 1,
+                }])
+                .await
+        }));
+    }
+    let mut tally = Tally::default();
+    for t in tasks {
+        match t.await.expect("check task panicked") {
+            Ok(d) if d.allowed => tally.admitted += 1,
+            Ok(_) => tally.denied += 1,
+            Err(StoreError::Timeout(_)) => tally.timeouts += 1,
+            Err(StoreError::Overloaded(_)) => tally.overloaded += 1,
+            Err(e) => tally.other_errors.push(e),
+        }
+    }
+    tally
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_burst_on_a_healthy_server_is_decided_not_timed_out() {
+    let server = RedisServer::redis();
+    let store = Arc::new(
+        RedisStore::builder(server.url())
+            .timeout(Duration::from_millis(50))
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let started = Instant::now();
+    let tally = burst(Arc::clone(&store), "rl:{overload:1}:p").await;
+    eprintln!("{tally:?} in {:?}", started.elapsed());
+    assert!(tally.other_errors.is_empty(), "{:?}", tally.other_errors);
+    assert_eq!(
+        tally.timeouts, 0,
+        "time in sluice's own queue counted as the store timing out: {tally:?}"
+    );
+    // The queue bound is generous (seconds): this burst stays far below it.
+    assert_eq!(tally.overloaded, 0, "{tally:?}");
+    assert_eq!(tally.admitted, LIMIT, "{tally:?}");
+    assert_eq!(tally.denied, BURST as u64 - LIMIT, "{tally:?}");
+}
