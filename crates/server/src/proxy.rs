@@ -6,7 +6,9 @@
 //! trusted proxies only), 429 with problem+json and `Retry-After`, fail-closed 503, shaping
 //! delays, concurrency leases held until the response body ends, RateLimit headers on admitted
 //! responses. Policies of one route that take their identity from different sources are
-//! separate layers, one inside the other (one all-or-nothing check per identity).
+//! separate layers, one inside the other (one all-or-nothing check per identity); each layer
+//! adds its policies to the `RateLimit` and `RateLimit-Policy` lists, so the response
+//! describes every policy of the route. Routes are matched with the layer's own [`Rule`].
 //!
 //! Forwarding streams both bodies (nothing is buffered), drops hop-by-hop headers, and appends
 //! the client's address to `X-Forwarded-For` so the upstream sees who called. The route
@@ -26,15 +28,12 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use parking_lot::Mutex;
-use sluice_http::headers::HeaderOptions;
-use sluice_http::{
-    ClientIpConfig, IdentitySource as LayerSource, RateLimitLayer, Rule, TrustedProxies,
-};
+use sluice_http::{ClientIpConfig, RateLimitLayer, Rule};
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
 
 use crate::api::problem;
-use crate::config::{Config, IdentitySource, Route};
+use crate::config::PolicyConfig;
 use crate::state::{Runtime, Shared};
 
 type RouteService = BoxCloneSyncService<Request, Response, Infallible>;
@@ -43,7 +42,9 @@ type HttpClient = Client<HttpConnector, Body>;
 #[derive(Debug)]
 struct Table {
     generation: u64,
-    routes: Vec<(Route, RouteService)>,
+    /// Each route's rule (prefix, methods, all its policies) and service, in the order
+    /// [`Rule::precedence`] tries them: the same matching as the tower layer's.
+    routes: Vec<(Rule, RouteService)>,
 }
 
 #[derive(Debug, Clone)]
@@ -65,39 +66,11 @@ impl ProxyState {
     }
 }
 
-fn layer_source(config: &Config, s: &IdentitySource) -> Option<LayerSource> {
-    let _ = config;
-    match s {
-        IdentitySource::Ip => None,
-        IdentitySource::ApiKey(h) => Some(LayerSource::ApiKey(h.clone())),
-        IdentitySource::Bearer => Some(LayerSource::Bearer),
-        IdentitySource::Header(h) => {
-            let h = h.clone();
-            Some(LayerSource::custom(move |parts| {
-                parts
-                    .headers
-                    .get(&h)
-                    .and_then(|v| v.to_str().ok())
-                    .filter(|v| !v.is_empty() && v.len() <= sluice::core::key::MAX_IDENTITY_LEN)
-                    .map(|v| sluice::Identity::new(format!("hdr:{v}")))
-            }))
-        }
-        IdentitySource::Global => Some(LayerSource::custom(|_| {
-            Some(sluice::Identity::new("global"))
-        })),
-    }
-}
-
 fn build_table(rt: &Runtime, client: &HttpClient) -> Table {
     let config = &rt.config;
-    let trusted = TrustedProxies::cidrs(&config.proxy.trusted_proxies).unwrap_or_default();
     let client_ip = ClientIpConfig {
-        trusted,
+        trusted: config.proxy.trusted_proxies.clone(),
         ..ClientIpConfig::default()
-    };
-    let headers = HeaderOptions {
-        ratelimit: true,
-        legacy: config.legacy_headers,
     };
     let mut routes = Vec::with_capacity(config.routes.len());
     for route in &config.routes {
@@ -111,17 +84,17 @@ fn build_table(rt: &Runtime, client: &HttpClient) -> Table {
                 async move { Ok::<_, Infallible>(forward(&client, &upstream, timeout, req).await) }
             }));
         // One layer per identity source, in the order the policies are listed (first is outermost).
-        let mut groups: Vec<(IdentitySource, Vec<Arc<sluice::Policy>>)> = Vec::new();
+        let mut groups: Vec<(&PolicyConfig, Vec<Arc<sluice::Policy>>)> = Vec::new();
         for name in &route.policies {
             let Some(pc) = config.policies.get(name) else {
                 continue;
             };
-            match groups.iter_mut().find(|g| g.0 == pc.identity) {
+            match groups.iter_mut().find(|g| g.0.identity == pc.identity) {
                 Some(g) => g.1.push(Arc::clone(&pc.policy)),
-                None => groups.push((pc.identity.clone(), vec![Arc::clone(&pc.policy)])),
+                None => groups.push((pc, vec![Arc::clone(&pc.policy)])),
             }
         }
-        for (source, policies) in groups.into_iter().rev() {
+        for (first, policies) in groups.into_iter().rev() {
             let mut rule = Rule::new("/");
             for p in policies {
                 rule = rule.policy(p);
@@ -130,8 +103,8 @@ fn build_table(rt: &Runtime, client: &HttpClient) -> Table {
                 .rule(rule)
                 .hash_key(config.identity_hash_key)
                 .client_ip(client_ip.clone())
-                .headers(headers);
-            if let Some(s) = layer_source(config, &source) {
+                .headers(config.headers);
+            if let Some(s) = first.layer_identity.clone() {
                 b = b.identity(s);
             }
             let layered = b.build().layer(service);
@@ -139,19 +112,19 @@ fn build_table(rt: &Runtime, client: &HttpClient) -> Table {
                 layered.map_response(|res: http::Response<_>| res.map(Body::new)),
             );
         }
-        routes.push((route.clone(), service));
+        let mut rule = Rule::new(route.prefix.clone()).methods(route.methods.iter().cloned());
+        for name in &route.policies {
+            if let Some(pc) = config.policies.get(name) {
+                rule = rule.policy(Arc::clone(&pc.policy));
+            }
+        }
+        routes.push((rule, service));
     }
+    routes.sort_by(|a, b| a.0.precedence(&b.0));
     Table {
         generation: rt.generation,
         routes,
     }
-}
-
-fn prefix_matches(prefix: &str, path: &str) -> bool {
-    prefix == "/"
-        || path == prefix
-        || (path.starts_with(prefix)
-            && (prefix.ends_with('/') || path.as_bytes().get(prefix.len()) == Some(&b'/')))
 }
 
 /// Headers that describe one connection, not the message; never forwarded.
@@ -264,10 +237,8 @@ async fn dispatch(State(state): State<ProxyState>, req: Request) -> Response {
     let table = state.table(&rt);
     let path = req.uri().path().to_string();
     let method = req.method().clone();
-    let found = table.routes.iter().find(|(r, _)| {
-        prefix_matches(&r.prefix, &path) && (r.methods.is_empty() || r.methods.contains(&method))
-    });
-    let Some((route, service)) = found else {
+    let found = table.routes.iter().find(|(r, _)| r.matches(&method, &path));
+    let Some((rule, service)) = found else {
         metrics::counter!("sluice_proxy_requests_total", "route" => "none", "status" => "404")
             .increment(1);
         return problem(
@@ -275,7 +246,7 @@ async fn dispatch(State(state): State<ProxyState>, req: Request) -> Response {
             &format!("no route for {method} {path}"),
         );
     };
-    let prefix = route.prefix.clone();
+    let prefix = rule.prefix().to_string();
     let res = match service.clone().oneshot(req).await {
         Ok(r) => r,
         Err(never) => match never {},
@@ -349,14 +320,5 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-kept"));
-    }
-
-    #[test]
-    fn prefixes_match_by_segment() {
-        assert!(prefix_matches("/api", "/api"));
-        assert!(prefix_matches("/api", "/api/x"));
-        assert!(!prefix_matches("/api", "/apix"));
-        assert!(prefix_matches("/", "/anything"));
-        assert!(prefix_matches("/api/", "/api/x"));
     }
 }

@@ -21,6 +21,7 @@
 mod check;
 mod envoy;
 pub mod error;
+mod identity;
 pub mod policy;
 mod raw;
 mod routes;
@@ -37,10 +38,14 @@ use std::time::Duration;
 
 use sluice::{FailureMode, Policy};
 
+use sluice_http::headers::HeaderOptions;
+use sluice_http::{IdentitySource as LayerSource, TrustedProxies};
+
 use crate::descriptors::Domains;
 
 pub use envoy::load_domain_yaml;
 pub use error::{ConfigError, ConfigErrors, field_at, line_of};
+pub use identity::IdentitySource;
 
 /// Default HTTP listener (decision API, metrics, health).
 pub const DEFAULT_HTTP: &str = "127.0.0.1:8080";
@@ -49,41 +54,6 @@ pub const DEFAULT_GRPC: &str = "127.0.0.1:8081";
 /// Default reverse proxy listener (only opened when routes are configured).
 pub const DEFAULT_PROXY: &str = "127.0.0.1:8082";
 
-/// Where a policy's identity comes from when the reverse proxy enforces it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum IdentitySource {
-    /// The client address (after trusted proxies).
-    Ip,
-    /// A request header, as is (an id set by an authenticating gateway).
-    Header(http::HeaderName),
-    /// A credential header (API key); hashed with the identity hash key before use.
-    ApiKey(http::HeaderName),
-    /// The bearer token of `Authorization`, hashed.
-    Bearer,
-    /// One shared limit for everyone.
-    Global,
-}
-
-impl std::str::FromStr for IdentitySource {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        let header = |h: &str| {
-            http::HeaderName::from_bytes(h.trim().as_bytes())
-                .map_err(|_| format!("invalid header name {h:?}"))
-        };
-        match s.split_once(':') {
-            None if s == "ip" => Ok(IdentitySource::Ip),
-            None if s == "bearer" => Ok(IdentitySource::Bearer),
-            None if s == "global" => Ok(IdentitySource::Global),
-            Some(("header", h)) => Ok(IdentitySource::Header(header(h)?)),
-            Some(("api-key", h)) => Ok(IdentitySource::ApiKey(header(h)?)),
-            _ => Err(format!(
-                "unknown identity source {s:?}: expected ip, header:NAME, api-key:NAME, bearer or global"
-            )),
-        }
-    }
-}
-
 /// A named policy with the identity the proxy limits it by.
 #[derive(Debug, Clone)]
 pub struct PolicyConfig {
@@ -91,6 +61,8 @@ pub struct PolicyConfig {
     pub policy: Arc<Policy>,
     /// The identity source for proxied requests.
     pub identity: IdentitySource,
+    /// The same source as the `sluice-http` layer takes it (`None`: the client IP).
+    pub layer_identity: Option<LayerSource>,
 }
 
 /// A reverse proxy route.
@@ -144,7 +116,7 @@ pub struct StoreConfig {
 #[derive(Debug, Clone, Default)]
 pub struct ProxyConfig {
     /// Peers whose `X-Forwarded-For` is believed when finding the client address.
-    pub trusted_proxies: Vec<String>,
+    pub trusted_proxies: TrustedProxies,
     /// Largest time to wait for the upstream's response headers.
     pub upstream_timeout: Option<Duration>,
 }
@@ -166,6 +138,9 @@ pub struct Config {
     pub shadow: bool,
     /// Also send the legacy `X-RateLimit-Limit/Remaining/Reset` headers.
     pub legacy_headers: bool,
+    /// The informational headers of proxied and decided requests (`legacy` is
+    /// [`legacy_headers`](Self::legacy_headers)).
+    pub headers: HeaderOptions,
     /// Files whose changes trigger a reload: this file and the Envoy YAML files.
     pub watched: Vec<PathBuf>,
     /// Named policies.
@@ -240,6 +215,10 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
         admin_token,
         shadow: raw.shadow,
         legacy_headers: raw.legacy_headers,
+        headers: HeaderOptions {
+            ratelimit: true,
+            legacy: raw.legacy_headers,
+        },
         watched: envoy.files,
         policies,
         routes,

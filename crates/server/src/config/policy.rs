@@ -225,6 +225,7 @@ fn check_policy(
     };
     Some(PolicyConfig {
         policy: Arc::new(policy),
+        layer_identity: identity.layer_source(),
         identity,
     })
 }

@@ -1,6 +1,8 @@
 //! `[[routes]]` and `[proxy]`: what the reverse proxy forwards where, and under which
 //! policies.
 
+use sluice_http::TrustedProxies;
+
 use super::check::duration;
 use super::error::Checker;
 use super::raw::{RawConfig, RawProxy};
@@ -94,8 +96,7 @@ pub(super) fn check_proxy(ck: &mut Checker<'_>, p: &RawProxy) -> ProxyConfig {
     let mut trusted = Vec::new();
     for t in &p.trusted_proxies {
         let v = t.get_ref();
-        let ok = v.parse::<ipnet::IpNet>().is_ok() || v.parse::<std::net::IpAddr>().is_ok();
-        if ok {
+        if TrustedProxies::cidrs(&[v]).is_ok() {
             trusted.push(v.clone());
         } else {
             ck.at(
@@ -117,7 +118,8 @@ pub(super) fn check_proxy(ck: &mut Checker<'_>, p: &RawProxy) -> ProxyConfig {
             }
         });
     ProxyConfig {
-        trusted_proxies: trusted,
+        // Every entry parsed above, so this cannot fail.
+        trusted_proxies: TrustedProxies::cidrs(&trusted).unwrap_or_default(),
         upstream_timeout,
     }
 }

@@ -306,3 +306,29 @@ fn field_paths() {
     assert_eq!(field_at(src, src.find("c =").unwrap()), "r[0].c");
     assert_eq!(field_at(src, src.find("d =").unwrap()), "r[1].d");
 }
+
+#[test]
+fn proxy_settings_are_typed_once() {
+    let c = Config::parse(
+        "legacy_headers = true\n[proxy]\ntrusted_proxies = [\"10.0.0.0/8\", \"192.168.1.7\"]\n[policies.a]\nalgorithm = \"gcra\"\nrate = \"1/s\"\nidentity = \"bearer\"\n[policies.b]\nalgorithm = \"gcra\"\nrate = \"1/s\"\n",
+        "sluice.toml",
+        None,
+    )
+    .unwrap();
+    assert_eq!(
+        c.proxy.trusted_proxies,
+        sluice_http::TrustedProxies::cidrs(&["10.0.0.0/8", "192.168.1.7/32"]).unwrap()
+    );
+    assert!(c.headers.legacy && c.headers.ratelimit);
+    assert!(matches!(
+        c.policies["a"].layer_identity,
+        Some(sluice_http::IdentitySource::Bearer)
+    ));
+    assert!(
+        c.policies["b"].layer_identity.is_none(),
+        "ip: the layer's own fallback"
+    );
+    let d = Config::parse("", "sluice.toml", None).unwrap();
+    assert!(!d.headers.legacy);
+    assert_eq!(d.proxy.trusted_proxies, sluice_http::TrustedProxies::Cidrs(vec![]));
+}
