@@ -11,15 +11,25 @@
 //! - [`limiter`]: [`Limiter`], [`Checked`], [`LimitResult`], [`Lease`].
 //! - [`breaker`]: the circuit breaker.
 //! - [`deny_cache`]: the local deny cache that answers repeated denials without the store.
+//! - [`lease_token`]: a check's concurrency leases as text, to release in a later request.
 //! - [`url`]: store selection by URL.
+//!
+//! # Features
+//! Each store is a Cargo feature, both on by default: `memory` (the embedded store) and
+//! `redis` (Redis and Valkey, with the `redis` client and TLS through native-tls). An
+//! application that only needs the embedded store builds with
+//! `default-features = false, features = ["memory"]` and compiles neither the client nor
+//! TLS; a URL whose store is not compiled in is refused with an error naming the feature.
 #![forbid(unsafe_code)]
 
 pub mod breaker;
 pub mod deny_cache;
+pub mod lease_token;
 pub mod limiter;
 pub mod url;
 
 pub use deny_cache::DenyCacheMode;
+pub use lease_token::{LeaseToken, LeaseTokenError, TokenLease};
 pub use limiter::{Checked, Lease, LimitResult, Limiter, LimiterBuilder, Verdict};
 pub use sluice_core as core;
 pub use sluice_core::{

@@ -250,7 +250,8 @@ impl Limiter {
         }
     }
 
-    /// A limiter on a fresh embedded store.
+    /// A limiter on a fresh embedded store (the `memory` feature).
+    #[cfg(feature = "memory")]
     pub fn memory() -> Self {
         Self::builder(Arc::new(sluice_memory::MemoryStore::builder().build())).build()
     }

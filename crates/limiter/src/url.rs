@@ -30,18 +30,46 @@ impl std::str::FromStr for StoreUrl {
     type Err = StoreError;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let s = s.trim();
-        if s.is_empty() || s == "memory" || s.starts_with("memory://") {
-            return Ok(StoreUrl::Memory);
-        }
-        // Which schemes are Redis URLs is the Redis store's knowledge, asked here.
-        match sluice_redis::url::scheme(s) {
-            Some(_) => Ok(StoreUrl::Redis(s.to_string())),
-            None => Err(StoreError::Invalid(format!(
+        let url = if s.is_empty() || s == "memory" || s.starts_with("memory://") {
+            StoreUrl::Memory
+        } else if sluice_redis::url::scheme(s).is_some() {
+            // Which schemes are Redis URLs is the Redis store's knowledge, asked here.
+            StoreUrl::Redis(s.to_string())
+        } else {
+            return Err(StoreError::Invalid(format!(
                 "unknown store URL {:?}: expected memory or one of {}",
                 redact(s),
                 sluice_redis::url::scheme_list()
-            ))),
+            )));
+        };
+        url.backend_compiled_in()?;
+        Ok(url)
+    }
+}
+
+impl StoreUrl {
+    /// The Cargo feature of the `sluice` crate this URL's store needs.
+    pub fn feature(&self) -> &'static str {
+        match self {
+            StoreUrl::Memory => "memory",
+            StoreUrl::Redis(_) => "redis",
         }
+    }
+
+    /// `Ok` when this build has the store this URL names; else an error naming the feature.
+    fn backend_compiled_in(&self) -> Result<(), StoreError> {
+        let compiled_in = match self {
+            StoreUrl::Memory => cfg!(feature = "memory"),
+            StoreUrl::Redis(_) => cfg!(feature = "redis"),
+        };
+        if compiled_in {
+            return Ok(());
+        }
+        Err(StoreError::Invalid(format!(
+            "store URL {self}: this build of sluice has no {} store; enable the `{}` feature of the `sluice` crate",
+            self.feature(),
+            self.feature()
+        )))
     }
 }
 
@@ -83,20 +111,29 @@ impl Default for StoreOptions {
 impl StoreUrl {
     /// Connects to the store.
     pub async fn connect(&self, options: &StoreOptions) -> Result<Arc<dyn Store>, StoreError> {
+        self.backend_compiled_in()?;
         match self {
-            StoreUrl::Memory => {
-                let mut builder = sluice_memory::MemoryStore::builder().max_keys(options.max_keys);
-                if let Some(bytes) = options.max_memory {
-                    builder = builder.max_memory(bytes);
-                }
-                Ok(Arc::new(builder.build()))
-            }
+            #[cfg(feature = "memory")]
+            StoreUrl::Memory => Ok(Arc::new(
+                sluice_memory::MemoryStore::builder()
+                    .max_keys(options.max_keys)
+                    .build(),
+            )),
+            #[cfg(feature = "redis")]
             StoreUrl::Redis(url) => {
                 let options = sluice_redis::RedisOptions {
                     timeout: options.timeout,
                     ..Default::default()
                 };
                 Ok(Arc::new(sluice_redis::connect(url, options).await?))
+            }
+            // Unreachable: `backend_compiled_in` refused it above.
+            #[allow(unreachable_patterns)]
+            _ => {
+                let _ = options;
+                Err(StoreError::Invalid(format!(
+                    "store URL {self}: not compiled in"
+                )))
             }
         }
     }
@@ -107,6 +144,7 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg(all(feature = "memory", feature = "redis"))]
     fn parses_and_redacts() {
         assert_eq!("memory".parse::<StoreUrl>().unwrap(), StoreUrl::Memory);
         assert!(matches!(
@@ -122,6 +160,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "redis")]
     fn accepts_every_scheme_the_redis_store_accepts() {
         for url in [
             "redis+sentinel://127.0.0.1:26379,127.0.0.1:26380/mymaster/0",
@@ -160,6 +199,27 @@ mod tests {
         }
         assert!(err.contains("memory"), "{err}");
         assert!(!err.contains("secret") && !err.contains("other"), "{err}");
+    }
+
+    #[test]
+    #[cfg(not(feature = "redis"))]
+    fn a_url_of_a_disabled_backend_names_the_feature() {
+        let err = "redis+sentinel://u:pw@s1:1/m"
+            .parse::<StoreUrl>()
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("enable the `redis` feature"), "{err}");
+        assert!(err.contains("u:***@") && !err.contains("pw@"), "{err}");
+        // An unknown scheme is still called unknown, not a missing feature.
+        let err = "mysql://x".parse::<StoreUrl>().unwrap_err().to_string();
+        assert!(err.contains("unknown store URL"), "{err}");
+    }
+
+    #[test]
+    #[cfg(not(feature = "memory"))]
+    fn memory_without_its_feature_names_the_feature() {
+        let err = "memory".parse::<StoreUrl>().unwrap_err().to_string();
+        assert!(err.contains("enable the `memory` feature"), "{err}");
     }
 
     #[test]

@@ -14,15 +14,28 @@
 //!
 //! The formulas are those of `sluice_core::algorithm` (`docs/algorithms.md`); a differential
 //! test holds the scripts equal to the Rust functions. See `docs/redis.md`.
+//!
+//! # Features
+//! - `client` (default): everything above. Without it only [`url`]'s scheme list and
+//!   `redact` remain, so the `sluice` facade built without Redis still recognises a Redis URL
+//!   (and says which feature it needs) without compiling the client or TLS.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "client")]
 mod batch;
+#[cfg(feature = "client")]
 mod protocol;
+#[cfg(feature = "client")]
 pub mod scripts;
+#[cfg(feature = "client")]
 pub mod sharding;
+#[cfg(feature = "client")]
 pub mod store;
 pub mod url;
 
+#[cfg(feature = "client")]
 pub use scripts::{function_library, scripts};
+#[cfg(feature = "client")]
 pub use sharding::shard_algorithm;
+#[cfg(feature = "client")]
 pub use store::{RedisOptions, RedisStore, RedisStoreBuilder, ScriptMode, connect};

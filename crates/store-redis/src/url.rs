@@ -18,8 +18,11 @@
 //! [`scheme`]) and how to print a URL without its password ([`redact`]): the `sluice` facade
 //! asks it before choosing a store, so a scheme accepted here is accepted everywhere.
 
+#[cfg(feature = "client")]
 use crate::{RedisOptions, ScriptMode};
+#[cfg(feature = "client")]
 use sluice_core::StoreError;
+#[cfg(feature = "client")]
 use std::time::Duration;
 
 /// What a Redis URL connects to.
@@ -92,6 +95,7 @@ pub fn scheme_list() -> String {
 }
 
 /// A parsed store URL.
+#[cfg(feature = "client")]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct ParsedUrl {
     /// One URL for a standalone server, the seed nodes for a Cluster.
@@ -108,6 +112,7 @@ pub(crate) struct ParsedUrl {
 }
 
 /// Where a `redis+sentinel://` URL points.
+#[cfg(feature = "client")]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SentinelTarget {
     /// The master's name, as configured in the sentinels (`sentinel monitor <name> ...`).
@@ -117,10 +122,12 @@ pub(crate) struct SentinelTarget {
     pub(crate) node_url: String,
 }
 
+#[cfg(feature = "client")]
 fn invalid(msg: impl Into<String>) -> StoreError {
     StoreError::Invalid(msg.into())
 }
 
+#[cfg(feature = "client")]
 /// Parses `url`, applying its query options to `options`.
 pub(crate) fn parse(url: &str, options: &mut RedisOptions) -> Result<ParsedUrl, StoreError> {
     let (url, fragment) = match url.split_once('#') {
@@ -272,6 +279,7 @@ pub(crate) fn parse(url: &str, options: &mut RedisOptions) -> Result<ParsedUrl, 
     })
 }
 
+#[cfg(feature = "client")]
 /// The password of `url` (user info, or a `pass=` / `password=` query value), if any, so
 /// error messages can be scrubbed of it.
 pub(crate) fn password(url: &str) -> Option<String> {
@@ -289,6 +297,7 @@ pub(crate) fn password(url: &str) -> Option<String> {
         .map(|(_, v)| v.to_string())
 }
 
+#[cfg(feature = "client")]
 /// Percent-decodes `s` (as the client does with a URL's password).
 pub(crate) fn percent_decode(s: &str) -> String {
     let b = s.as_bytes();
@@ -339,7 +348,7 @@ fn redact_query(url: &str) -> String {
     format!("{head}?{}", q.join("&"))
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "client"))]
 mod tests {
     use super::*;
 
