@@ -10,24 +10,15 @@
 -- microsecond would get (an item sees the writes of earlier items on the same key).
 -- Redis commands per call: one TIME for the whole batch plus each item's own (GET, SET).
 local function batch(keys, argv)
-  local now
-  if argv[1] == '' then
-    local t = call('TIME')
-    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  else
-    now = tonumber(argv[1])
-  end
+  local now = now_us(argv[1])
   local pad = tonumber(argv[2])
   local flat = {}
   local k = 0
   for i = 1, #keys do
-    local b = 3 + 7 * (i - 1)
-    local f = CHECK[argv[b]]
-    if f == nil then
-      return redis.error_reply('sluice: unknown algorithm ' .. tostring(argv[b]))
+    local d, w = check_item(keys, argv, i, now)
+    if d == nil then
+      return unknown_algorithm(argv, i)
     end
-    local d, w = f(keys[i], now, tonumber(argv[b + 1]), tonumber(argv[b + 2]), tonumber(argv[b + 3]),
-      tonumber(argv[b + 4]), tonumber(argv[b + 5]), argv[b + 6])
     if d[1] == 1 and w then
       w(pad)
     end

@@ -11,26 +11,17 @@
 -- Writes happen only when every item admits. Redis commands per call: TIME (unless ARGV[1]
 -- is given) plus the algorithms' own (see each algorithm's header).
 local function check(keys, argv)
-  local now
-  if argv[1] == '' then
-    local t = call('TIME')
-    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  else
-    now = tonumber(argv[1])
-  end
+  local now = now_us(argv[1])
   local pad = tonumber(argv[2])
   local n = #keys
   local out = {}
   local writes = {}
   local all = true
   for i = 1, n do
-    local b = 3 + 7 * (i - 1)
-    local f = CHECK[argv[b]]
-    if f == nil then
-      return redis.error_reply('sluice: unknown algorithm ' .. tostring(argv[b]))
+    local d, w = check_item(keys, argv, i, now)
+    if d == nil then
+      return unknown_algorithm(argv, i)
     end
-    local d, w = f(keys[i], now, tonumber(argv[b + 1]), tonumber(argv[b + 2]), tonumber(argv[b + 3]),
-      tonumber(argv[b + 4]), tonumber(argv[b + 5]), argv[b + 6])
     if d[1] == 0 then
       all = false
     end
@@ -42,9 +33,7 @@ local function check(keys, argv)
     local d = out[i]
     if not all and d[1] == 1 then
       -- Not consumed: report the unconsumed state (the same check at cost 0).
-      local b = 3 + 7 * (i - 1)
-      d = CHECK[argv[b]](keys[i], now, 0, tonumber(argv[b + 2]), tonumber(argv[b + 3]),
-        tonumber(argv[b + 4]), tonumber(argv[b + 5]), argv[b + 6])
+      d = check_item(keys, argv, i, now, 0)
       d[1] = 0
       d[4] = 0
       d[6] = 0

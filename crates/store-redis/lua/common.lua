@@ -83,6 +83,42 @@ local function too_costly(limit, remaining, reset)
   return { 0, limit, remaining, 0, reset, 0, 2 }
 end
 
--- Algorithms register here: CHECK[code](key, now_us, cost, p1, p2, p3, p4, token) returns a
--- decision row and, when the decision writes, a function(pad) doing the write.
+-- The time of the call in µs since the epoch: `given` (ARGV[1]) when a test clock passes it,
+-- else the server's own clock (TIME), so every caller of the store agrees on it.
+local function now_us(given)
+  if given == '' then
+    local t = call('TIME')
+    return tonumber(t[1]) * 1000000 + tonumber(t[2])
+  end
+  return tonumber(given)
+end
+
+-- Algorithms register here under their code (sluice_core::algorithm::registry):
+-- CHECK[code](key, now_us, cost, p1, p2, p3, p4, token) returns a decision row and, when the
+-- decision writes, a function(pad) doing the write.
 local CHECK = {}
+
+-- The 7 arguments of item i start here: code, cost, p1, p2, p3, p4, token.
+local function item_base(i)
+  return 3 + 7 * (i - 1)
+end
+
+-- Decides item i at `now`, at `cost` (nil: the item's own cost): a decision row and the write
+-- (or nil). Returns nil alone for an unknown code (see unknown_algorithm).
+local function check_item(keys, argv, i, now, cost)
+  local b = item_base(i)
+  local f = CHECK[argv[b]]
+  if f == nil then
+    return nil
+  end
+  if cost == nil then
+    cost = tonumber(argv[b + 1])
+  end
+  return f(keys[i], now, cost, tonumber(argv[b + 2]), tonumber(argv[b + 3]), tonumber(argv[b + 4]),
+    tonumber(argv[b + 5]), argv[b + 6])
+end
+
+-- The error reply for item i's unknown code.
+local function unknown_algorithm(argv, i)
+  return redis.error_reply('sluice: unknown algorithm ' .. tostring(argv[item_base(i)]))
+end

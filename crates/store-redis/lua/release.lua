@@ -8,13 +8,7 @@
 -- Redis commands: TIME (unless now is given), ZSCORE; when held: ZREM, ZREMRANGEBYSCORE,
 -- ZRANGE, PEXPIRE (an empty set is deleted by Redis itself).
 local function release(keys, argv)
-  local now
-  if argv[1] == '' then
-    local t = call('TIME')
-    now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  else
-    now = tonumber(argv[1])
-  end
+  local now = now_us(argv[1])
   local now_ms = floor(now / 1000)
   local key = keys[1]
   local s = pcall_('ZSCORE', key, argv[3])

@@ -20,36 +20,34 @@ pub(crate) fn push_item_args(
     cost: u64,
     token: &str,
 ) {
-    let (code, p): (&str, [u64; 4]) = match *algorithm {
+    let p: [u64; 4] = match *algorithm {
         Algorithm::TokenBucket { capacity, rate } => {
             let r = rate.reduced();
-            ("tb", [capacity, r.amount, r.per_ms, 0])
+            [capacity, r.amount, r.per_ms, 0]
         }
-        Algorithm::Gcra { rate, burst } => (
-            "gcra",
-            [emission_interval_us(rate.amount, rate.per_ms), burst, 0, 0],
-        ),
+        Algorithm::Gcra { rate, burst } => {
+            [emission_interval_us(rate.amount, rate.per_ms), burst, 0, 0]
+        }
         Algorithm::LeakyBucket {
             capacity,
             rate,
             mode,
         } => {
             let r = rate.reduced();
-            (
-                "lb",
-                [
-                    capacity,
-                    r.amount,
-                    r.per_ms,
-                    u64::from(mode == LeakyMode::Shaping),
-                ],
-            )
+            [
+                capacity,
+                r.amount,
+                r.per_ms,
+                u64::from(mode == LeakyMode::Shaping),
+            ]
         }
-        Algorithm::FixedWindow { limit, window_ms } => ("fw", [limit, window_ms, 0, 0]),
-        Algorithm::SlidingWindowCounter { limit, window_ms } => ("swc", [limit, window_ms, 0, 0]),
-        Algorithm::SlidingWindowLog { limit, window_ms } => ("swl", [limit, window_ms, 0, 0]),
-        Algorithm::Concurrency { limit, lease_ms } => ("cc", [limit, lease_ms, 0, 0]),
+        Algorithm::FixedWindow { limit, window_ms }
+        | Algorithm::SlidingWindowCounter { limit, window_ms }
+        | Algorithm::SlidingWindowLog { limit, window_ms } => [limit, window_ms, 0, 0],
+        Algorithm::Concurrency { limit, lease_ms } => [limit, lease_ms, 0, 0],
     };
+    // The code the Lua files register the algorithm under (`CHECK.<code>`).
+    let code = algorithm.algorithm_kind().lua_code();
     args.push(code.to_string());
     args.push(cost.to_string());
     args.extend(p.iter().map(u64::to_string));
