@@ -133,15 +133,28 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
+    let (connections, grpc) = listener_limits(&config);
+    run_with_limits(config, listeners, connections, grpc, shutdown).await
+}
+
+/// [`run`] with these connection and gRPC limits in place of the configuration's.
+pub async fn run_with_limits(
+    config: Config,
+    listeners: Listeners,
+    connections: limits::ConnectionLimits,
+    grpc: limits::GrpcLimits,
+    shutdown: impl Future<Output = ()> + Send,
+) -> Result<(), ServeError> {
     let limiter = state::build_limiter(&config).await?;
     let grace = config.server.shutdown_grace;
     let shared = Shared::new(config, limiter);
-    run_shared(shared, listeners, shutdown, grace).await
+    run_shared(shared, listeners, (connections, grpc), shutdown, grace).await
 }
 
 async fn run_shared(
     shared: Shared,
     listeners: Listeners,
+    (conn_limits, grpc_limits): (limits::ConnectionLimits, limits::GrpcLimits),
     shutdown: impl Future<Output = ()> + Send,
     grace: std::time::Duration,
 ) -> Result<(), ServeError> {
@@ -155,7 +168,6 @@ async fn run_shared(
     };
 
     // Connection discipline: one budget over all listeners, below the descriptor limit.
-    let (conn_limits, grpc_limits) = listener_limits(&shared.runtime().config);
     let nofile = listener::raise_nofile_limit();
     let budget = listener::ConnectionBudget::for_limits(&conn_limits, nofile);
 
@@ -199,7 +211,9 @@ async fn run_shared(
     };
     let watcher = reload::watch(shared.clone(), stopped());
 
-    let proxy_addr = addrs.proxy.map_or_else(|| "off".to_owned(), |a| a.to_string());
+    let proxy_addr = addrs
+        .proxy
+        .map_or_else(|| "off".to_owned(), |a| a.to_string());
     tracing::info!(
         http = %addrs.http,
         grpc = %addrs.grpc,
