@@ -9,7 +9,8 @@
 //! of one: batching never waits for company.
 //!
 //! Overload is not failure. The store's timeout bounds the script call alone (the runner
-//! applies it), never the time an item spends in this queue, so a burst on a healthy server
+//! applies it, once per [`MIN_BATCH`] items of the batch), never the time an item spends in
+//! this queue, so a burst on a healthy server
 //! is decided, not timed out and failed open. Under load the batches grow: a batch takes a
 //! share of the queue, from [`MIN_BATCH`] up to [`MAX_BATCH`] items. The queue holds at most
 //! [`QUEUE_CAPACITY`] items (a caller waits for room) and an item waits at most the queue

@@ -642,8 +642,9 @@ impl Store for RedisStore {
     }
 
     /// A call waits at most the queue bound for its turn, then its round trip takes at most
-    /// the timeout (plus scheduling slack).
+    /// the timeout of the largest batch (plus scheduling slack).
     fn call_bound(&self) -> Option<Duration> {
-        Some(self.queue_wait + self.timeout + Duration::from_millis(200))
+        let round_trip = call::batch_timeout(self.timeout, crate::batch::MAX_BATCH);
+        Some(self.queue_wait + round_trip + Duration::from_millis(200))
     }
 }

@@ -8,6 +8,7 @@
 use super::compensation::{Compensator, PendingRelease, ReleaseRunner};
 use super::connection::Conn;
 use super::{Lua, ScriptMode, is_missing_function, map_err};
+use crate::batch::MIN_BATCH;
 use crate::scripts;
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use sluice_core::{Clock, StoreError};
@@ -80,16 +81,26 @@ pub(super) async fn invoke_timed(
     }
 }
 
-/// Runs `lua/batch.lua` on `conn` under `timeout` (EVALSHA, EVAL when the script cache was
-/// flushed).
+/// Runs `lua/batch.lua` on `conn` (EVALSHA, EVAL when the script cache was flushed) under
+/// [`batch_timeout`].
 pub(super) fn batch_runner(conn: Conn, timeout: Duration) -> crate::batch::Runner {
     let lua = Arc::new(Lua::new(scripts::BATCH));
     Arc::new(move |keys: Vec<String>, args: Vec<String>| {
         let (conn, lua) = (conn.clone(), Arc::clone(&lua));
+        let timeout = batch_timeout(timeout, keys.len());
         Box::pin(async move {
             invoke_timed(&conn, ScriptMode::Eval, timeout, &lua, "", &keys, &args).await
         })
     })
+}
+
+/// The timeout of a batch of `items`: the per-call timeout for each [`MIN_BATCH`] items
+/// begun. A batch of up to `MIN_BATCH` items gets the per-call timeout itself; a larger one,
+/// sent only when the queue is deep, is that much more work for the server and the client,
+/// so it gets proportionally longer before it counts as the store being slow.
+pub(super) fn batch_timeout(timeout: Duration, items: usize) -> Duration {
+    let per = items.div_ceil(MIN_BATCH).max(1);
+    timeout.saturating_mul(u32::try_from(per).unwrap_or(u32::MAX))
 }
 
 /// What a release needs, outside the store.
