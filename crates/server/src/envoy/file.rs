@@ -9,7 +9,7 @@
 //! it a limit keeps its fixed-window meaning.
 
 use serde::Deserialize;
-use sluice::{Algorithm, LeakyMode, Rate};
+use sluice::core::algorithm::AlgorithmKind;
 
 /// A time unit of a `rate_limit` (case-insensitive in files, as in the reference service).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -107,80 +107,13 @@ impl std::str::FromStr for Unit {
     }
 }
 
-/// The sluice extension `rate_limit.algorithm`: how `requests_per_unit` per `unit` is enforced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub enum EnvoyAlgorithm {
-    /// The reference service's meaning: a counter per window aligned to the clock.
-    #[default]
-    FixedWindow,
-    /// Sliding window counter: the previous window weighted by its overlap.
-    SlidingCounter,
-    /// Exact sliding window log.
-    SlidingLog,
-    /// A bucket of `requests_per_unit` tokens refilled at `requests_per_unit` per unit.
-    TokenBucket,
-    /// GCRA with burst `requests_per_unit - 1`.
-    Gcra,
-    /// A policing leaky bucket of `requests_per_unit` draining at the same rate.
-    LeakyBucket,
-}
-
-impl std::str::FromStr for EnvoyAlgorithm {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Ok(match s {
-            "fixed-window" | "fixed_window" => EnvoyAlgorithm::FixedWindow,
-            "sliding-counter" | "sliding-window-counter" | "sliding_window_counter" => {
-                EnvoyAlgorithm::SlidingCounter
-            }
-            "sliding-log" | "sliding-window-log" | "sliding_window_log" => {
-                EnvoyAlgorithm::SlidingLog
-            }
-            "token-bucket" | "token_bucket" => EnvoyAlgorithm::TokenBucket,
-            "gcra" => EnvoyAlgorithm::Gcra,
-            "leaky-bucket" | "leaky_bucket" => EnvoyAlgorithm::LeakyBucket,
-            other => {
-                return Err(format!(
-                    "unknown algorithm {other:?}: expected fixed-window, sliding-counter, sliding-log, \
-                     token-bucket, gcra or leaky-bucket"
-                ));
-            }
-        })
-    }
-}
-
-impl EnvoyAlgorithm {
-    /// The sluice algorithm enforcing `rpu` per `unit_ms`.
-    pub fn algorithm(self, rpu: u64, unit_ms: u64) -> Algorithm {
-        let rate = Rate::new(rpu, unit_ms);
-        match self {
-            EnvoyAlgorithm::FixedWindow => Algorithm::FixedWindow {
-                limit: rpu,
-                window_ms: unit_ms,
-            },
-            EnvoyAlgorithm::SlidingCounter => Algorithm::SlidingWindowCounter {
-                limit: rpu,
-                window_ms: unit_ms,
-            },
-            EnvoyAlgorithm::SlidingLog => Algorithm::SlidingWindowLog {
-                limit: rpu,
-                window_ms: unit_ms,
-            },
-            EnvoyAlgorithm::TokenBucket => Algorithm::TokenBucket {
-                capacity: rpu,
-                rate,
-            },
-            EnvoyAlgorithm::Gcra => Algorithm::Gcra {
-                rate,
-                burst: rpu - 1,
-            },
-            EnvoyAlgorithm::LeakyBucket => Algorithm::LeakyBucket {
-                capacity: rpu,
-                rate,
-                mode: LeakyMode::Policing,
-            },
-        }
-    }
+/// The algorithms `rate_limit.algorithm` can name: those with a quota form
+/// ([`AlgorithmKind::for_quota`]), so every one but concurrency, which has no period.
+pub fn quota_algorithms() -> Vec<AlgorithmKind> {
+    AlgorithmKind::ALL
+        .into_iter()
+        .filter(|k| k.for_quota(1, 1000).is_some())
+        .collect()
 }
 
 /// One domain as written in a file.
@@ -288,8 +221,9 @@ impl TryFrom<RawDescriptor> for DescriptorFile {
 pub struct RateLimitFile {
     /// `requests_per_unit` per `unit`; `None` when unlimited.
     pub limit: Option<(u32, Unit)>,
-    /// The algorithm (sluice extension).
-    pub algorithm: EnvoyAlgorithm,
+    /// The algorithm (sluice extension; fixed window unless named), enforcing
+    /// `requests_per_unit` per `unit` as [`AlgorithmKind::for_quota`] says.
+    pub algorithm: AlgorithmKind,
     /// The limit's name, referenced by `replaces` of other limits.
     pub name: Option<String>,
     /// Names of limits this one replaces when both match one request.
@@ -323,8 +257,10 @@ impl TryFrom<RawRateLimit> for RateLimitFile {
     type Error = String;
     fn try_from(r: RawRateLimit) -> Result<Self, String> {
         let algorithm = match &r.algorithm {
-            Some(a) => a.parse()?,
-            None => EnvoyAlgorithm::default(),
+            Some(a) => {
+                AlgorithmKind::parse_among(a, &quota_algorithms()).map_err(|e| e.to_string())?
+            }
+            None => AlgorithmKind::FixedWindow,
         };
         let name = r.name.filter(|n| !n.is_empty());
         let limit = if r.unlimited {
@@ -344,10 +280,8 @@ impl TryFrom<RawRateLimit> for RateLimitFile {
                     ),
                 };
             let rpu = r.requests_per_unit.unwrap_or(0);
-            if rpu > 0 {
-                algorithm
-                    .algorithm(u64::from(rpu), unit.ms())
-                    .validate()
+            if let Some(a) = algorithm.for_quota(u64::from(rpu), unit.ms()) {
+                a.validate()
                     .map_err(|e| format!("requests_per_unit {rpu} per {}: {e}", unit.name()))?;
             }
             Some((rpu, unit))
@@ -388,6 +322,21 @@ mod tests {
         let e = serde_yaml::from_str::<DomainFile>(unknown).unwrap_err();
         assert_eq!(e.location().unwrap().line(), 4, "{e}");
         let unl = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unlimited: true, unit: second }\n";
+        let lease = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 1, algorithm: concurrency }\n";
+        let e = serde_yaml::from_str::<DomainFile>(lease).unwrap_err();
+        assert!(
+            e.to_string().contains(
+                "unknown algorithm \"concurrency\": expected token-bucket, gcra, leaky-bucket, \
+                 fixed-window, sliding-counter or sliding-log"
+            ),
+            "{e}"
+        );
+        let alias = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: { unit: second, requests_per_unit: 1, algorithm: sliding_window_log }\n";
+        let f = serde_yaml::from_str::<DomainFile>(alias).unwrap();
+        assert_eq!(
+            f.descriptors.0[0].rate_limit.as_ref().unwrap().algorithm,
+            AlgorithmKind::SlidingWindowLog
+        );
         assert!(
             serde_yaml::from_str::<DomainFile>(unl)
                 .unwrap_err()

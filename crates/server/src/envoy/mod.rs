@@ -13,6 +13,6 @@ pub mod file;
 pub mod plan;
 pub mod tree;
 
-pub use file::{DescriptorFile, DescriptorList, DomainFile, EnvoyAlgorithm, RateLimitFile, Unit};
+pub use file::{DescriptorFile, DescriptorList, DomainFile, RateLimitFile, Unit, quota_algorithms};
 pub use plan::{LimitCheck, Plan, RequestDescriptor, envoy_identity, plan};
 pub use tree::{Domains, Limit, build_policy, policy_name};

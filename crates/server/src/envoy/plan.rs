@@ -8,9 +8,10 @@ use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::sync::Arc;
 
+use sluice::core::algorithm::AlgorithmKind;
 use sluice::{Identity, Policy};
 
-use super::file::{EnvoyAlgorithm, Unit};
+use super::file::Unit;
 use super::tree::{Domains, Limit, build_policy};
 
 /// Escapes the separators of [`envoy_identity`] (and `%` itself) so distinct descriptors
@@ -115,7 +116,7 @@ fn override_limit(domains: &Domains, domain: &str, rpu: u32, unit: i32) -> Optio
         shadow,
         policy: build_policy(
             Some("override"),
-            EnvoyAlgorithm::FixedWindow,
+            AlgorithmKind::FixedWindow,
             rpu,
             unit,
             shadow,

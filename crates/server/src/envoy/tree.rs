@@ -8,9 +8,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use sluice::core::algorithm::AlgorithmKind;
 use sluice::{Algorithm, FailureMode, Policy};
 
-use super::file::{DescriptorFile, DomainFile, EnvoyAlgorithm, Unit};
+use super::file::{DescriptorFile, DomainFile, Unit};
 
 /// A configured limit, ready to check.
 #[derive(Debug, Clone)]
@@ -64,15 +65,12 @@ pub fn policy_name(name: Option<&str>, algorithm: &Algorithm, rpu: u32, unit: Un
 /// Builds the policy of `rpu` per `unit` (`None` when `rpu` is 0).
 pub fn build_policy(
     name: Option<&str>,
-    alg: EnvoyAlgorithm,
+    alg: AlgorithmKind,
     rpu: u32,
     unit: Unit,
     shadow: bool,
 ) -> Option<Arc<Policy>> {
-    if rpu == 0 {
-        return None;
-    }
-    let algorithm = alg.algorithm(u64::from(rpu), unit.ms());
+    let algorithm = alg.for_quota(u64::from(rpu), unit.ms())?;
     let policy = Policy {
         name: policy_name(name, &algorithm, rpu, unit),
         algorithm,
