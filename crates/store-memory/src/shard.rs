@@ -89,6 +89,7 @@ pub(crate) struct Shard {
 
 /// Bytes the allocator takes for a block of `n` bytes (glibc: 8 bytes of header, 16-byte
 /// steps, 32 bytes at least).
+#[inline]
 fn alloc_bytes(n: usize) -> usize {
     if n == 0 {
         0
@@ -98,6 +99,7 @@ fn alloc_bytes(n: usize) -> usize {
 }
 
 /// Heap bytes held by a state.
+#[inline]
 fn state_heap(state: &State) -> usize {
     match state {
         State::SlidingWindowLog(s) => {
@@ -133,11 +135,13 @@ impl Shard {
     }
 
     /// Keys held.
+    #[inline]
     pub(crate) fn len(&self) -> usize {
         self.map.len()
     }
 
     /// The change of the shard's byte count since the last call, for the store's total.
+    #[inline]
     pub(crate) fn take_bytes_delta(&mut self) -> isize {
         let delta = self.bytes as isize - self.reported as isize;
         self.reported = self.bytes;
@@ -148,11 +152,13 @@ impl Shard {
         alloc_bytes(self.map.allocation_size())
     }
 
+    #[inline]
     pub(crate) fn get(&self, hash: u64, key: &str) -> Option<&Entry> {
         self.map.find(hash, |s| &*s.key == key).map(|s| &s.entry)
     }
 
     /// What a check of `key` under `algorithm` starts from at `now`.
+    #[inline]
     pub(crate) fn lookup(
         &self,
         hash: u64,
@@ -200,6 +206,7 @@ impl Shard {
     }
 
     /// Removes `key`; whether it was held.
+    #[inline]
     pub(crate) fn remove(&mut self, hash: u64, key: &str) -> bool {
         match self.map.find_entry(hash, |s| &*s.key == key) {
             Ok(e) => {
@@ -213,6 +220,7 @@ impl Shard {
 
     /// Stores `entry` under `key`, in place when held (no allocation); whether it is new.
     /// `algorithm` says which sketch summarizes the key if it is evicted.
+    #[inline]
     pub(crate) fn put(
         &mut self,
         hash: u64,
