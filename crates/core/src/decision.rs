@@ -51,6 +51,13 @@ pub struct Decision {
 }
 
 impl Decision {
+    /// True when this decision, on its own, refuses the request: not admitted, and not merely
+    /// because another limit of the same all-or-nothing check refused. Whether the refusal is
+    /// enforced is the policy's business (a shadow policy's denial is only recorded).
+    pub fn denies(&self) -> bool {
+        !self.allowed && self.reason != Some(DenyReason::OtherLimitDenied)
+    }
+
     /// An admitted decision with no delay and no lease.
     pub fn allow(limit: u64, remaining: u64, reset_after_ms: u64) -> Self {
         Self {
@@ -109,9 +116,7 @@ pub struct MultiDecision {
 impl MultiDecision {
     /// The decision that denied (the first one with reason other than `OtherLimitDenied`).
     pub fn denied_by(&self) -> Option<usize> {
-        self.decisions
-            .iter()
-            .position(|d| !d.allowed && d.reason != Some(DenyReason::OtherLimitDenied))
+        self.decisions.iter().position(Decision::denies)
     }
 
     /// The longest retry among the denying decisions (how long the caller must wait).
@@ -127,4 +132,25 @@ impl MultiDecision {
 /// Milliseconds from a microsecond duration, rounded up.
 pub fn ceil_ms(us: u64) -> u64 {
     us.div_ceil(1000)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_decision_that_refused_on_its_own_denies() {
+        assert!(!Decision::allow(10, 9, 100).denies());
+        assert!(Decision::limited(10, 0, 5, 100).denies());
+        assert!(Decision::cost_exceeds_limit(10, 10, 0).denies());
+        let mut other = Decision::allow(10, 9, 100);
+        other.allowed = false;
+        other.reason = Some(DenyReason::OtherLimitDenied);
+        assert!(!other.denies());
+        let multi = MultiDecision {
+            allowed: false,
+            decisions: vec![other, Decision::limited(10, 0, 5, 100)],
+        };
+        assert_eq!(multi.denied_by(), Some(1));
+    }
 }

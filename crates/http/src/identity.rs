@@ -326,6 +326,13 @@ fn parse_forwarded(s: &str, out: &mut Vec<Option<IpAddr>>) {
     }
 }
 
+/// The identity of an API key: `key:h<hex>`, its keyed hash. [`IdentitySource::ApiKey`]
+/// limits a request as this, and `sluice serve`'s decision API turns a `credential` into the
+/// same, so an app calling the API and the proxy in front of it share one bucket per key.
+pub fn api_key_identity(secret: &[u8], hash_key: &[u8; 32]) -> Identity {
+    Identity::credential("key", secret, hash_key)
+}
+
 /// Derives identities from requests: the configured sources in order, then the client IP.
 #[derive(Clone)]
 pub struct IdentityResolver {
@@ -382,7 +389,7 @@ impl IdentityResolver {
                     .get(h)
                     .map(|v| v.as_bytes())
                     .filter(|v| !v.is_empty())
-                    .map(|v| Identity::credential("key", v, &self.hash_key)),
+                    .map(|v| api_key_identity(v, &self.hash_key)),
                 IdentitySource::Bearer => parts
                     .headers
                     .get(http::header::AUTHORIZATION)

@@ -33,60 +33,7 @@ use sluice::{Identity, Lease, Limiter, Policy, Verdict};
 
 use crate::headers::{self, HeaderOptions};
 use crate::identity::{ClientIpConfig, IdentityResolver, IdentitySource, TrustedProxies};
-
-/// Which policies apply to the requests under a path prefix (and optionally some methods).
-#[derive(Debug, Clone)]
-pub struct Rule {
-    prefix: String,
-    methods: Vec<Method>,
-    policies: Vec<Arc<Policy>>,
-    cost: u64,
-}
-
-impl Rule {
-    /// A rule for every path under `prefix` (segment-wise: `/api` covers `/api` and
-    /// `/api/x`, not `/apix`). `/` covers everything.
-    pub fn new(prefix: impl Into<String>) -> Self {
-        let mut prefix = prefix.into();
-        if !prefix.starts_with('/') {
-            prefix.insert(0, '/');
-        }
-        Self {
-            prefix,
-            methods: Vec::new(),
-            policies: Vec::new(),
-            cost: 1,
-        }
-    }
-    /// Only these methods (default: any). For the same prefix, a rule naming the method wins
-    /// over one that does not.
-    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
-        self.methods = methods.into_iter().collect();
-        self
-    }
-    /// Adds a policy. A rule without policies exempts its prefix (e.g. `/health`).
-    pub fn policy(mut self, policy: impl Into<Arc<Policy>>) -> Self {
-        self.policies.push(policy.into());
-        self
-    }
-    /// The cost of one request (default 1).
-    pub fn cost(mut self, cost: u64) -> Self {
-        self.cost = cost;
-        self
-    }
-
-    fn matches(&self, method: &Method, path: &str) -> bool {
-        (self.methods.is_empty() || self.methods.contains(method))
-            && prefix_matches(&self.prefix, path)
-    }
-}
-
-fn prefix_matches(prefix: &str, path: &str) -> bool {
-    prefix == "/"
-        || path == prefix
-        || (path.starts_with(prefix)
-            && (prefix.ends_with('/') || path.as_bytes().get(prefix.len()) == Some(&b'/')))
-}
+pub use crate::rule::Rule;
 
 /// Counts of what the layer did, for tests, health pages and alerts (the same events are
 /// also `sluice_http_requests_total{outcome}` metrics).
@@ -223,13 +170,7 @@ impl RateLimitLayerBuilder {
     /// Builds the layer.
     pub fn build(self) -> RateLimitLayer {
         let mut rules = self.rules;
-        // Longest prefix first; for equal prefixes, rules naming methods first.
-        rules.sort_by(|a, b| {
-            b.prefix
-                .len()
-                .cmp(&a.prefix.len())
-                .then(a.methods.is_empty().cmp(&b.methods.is_empty()))
-        });
+        rules.sort_by(Rule::precedence);
         RateLimitLayer {
             shared: Arc::new(Shared {
                 limiter: self.limiter,
@@ -488,7 +429,7 @@ where
                     shared.stats.count(&shared.stats.denied, "denied");
                     headers::too_many_requests(&checked, &shared.headers)
                 };
-                return Ok(res.map(|full| RateLimitBody::full(full_bytes(full))));
+                return Ok(res.map(RateLimitBody::full));
             }
             if matches!(checked.verdict, Verdict::FailedOpen(_)) {
                 shared.stats.count(&shared.stats.failed_open, "failed_open");
@@ -502,37 +443,18 @@ where
             }
             parts.extensions.insert(RateLimitIdentity(identity));
             let mut res = inner.call(Request::from_parts(parts, body)).await?;
-            headers::insert_rate_limit_headers(&checked, &shared.headers, res.headers_mut());
+            // Merged, not replaced: an inner sluice layer (the proxy nests one per identity
+            // source) has already described its own policies on this response.
+            headers::merge_rate_limit_headers(&checked, &shared.headers, res.headers_mut());
             let guard = (!guard.leases.is_empty()).then_some(guard);
             Ok(res.map(|b| RateLimitBody::inner(b, guard)))
         })
     }
 }
 
-/// The bytes of a `Full` body built by [`headers`] (it holds exactly one data frame).
-fn full_bytes(full: http_body_util::Full<Bytes>) -> Bytes {
-    let mut full = std::pin::pin!(full);
-    let waker = futures::task::noop_waker();
-    let mut cx = Context::from_waker(&waker);
-    match full.as_mut().poll_frame(&mut cx) {
-        Poll::Ready(Some(Ok(frame))) => frame.into_data().unwrap_or_default(),
-        _ => Bytes::new(),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn prefixes_match_by_segment() {
-        assert!(prefix_matches("/", "/anything"));
-        assert!(prefix_matches("/api", "/api"));
-        assert!(prefix_matches("/api", "/api/x"));
-        assert!(!prefix_matches("/api", "/apix"));
-        assert!(prefix_matches("/api/", "/api/x"));
-        assert!(!prefix_matches("/api/x", "/api"));
-    }
 
     #[test]
     fn longest_prefix_then_method_wins() {

@@ -3,11 +3,14 @@
 //! # Layout
 //! - [`headers`]: the `RateLimit-Policy` / `RateLimit` fields, the legacy `X-RateLimit-*`
 //!   headers, `Retry-After` and the 429 problem+json answer. Pure formatting, usable without
-//!   the layer (the `sluice serve` HTTP API, the reverse proxy and the Envoy service share it).
+//!   the layer (the `sluice serve` HTTP API, the reverse proxy and the Envoy service share it),
+//!   including which decision leads an answer and the problem+json error bodies.
 //! - [`identity`]: who a request is limited as: hashed API keys and bearer tokens, identities
 //!   supplied by the application, and the client IP behind trusted proxies only.
-//! - [`layer`]: [`RateLimitLayer`] and its service: route rules, the check, denials answered
-//!   in `call`, shaping delays and concurrency leases held until the response body ends.
+//! - [`rule`]: [`Rule`], which policies apply to which paths and methods (the layer and the
+//!   `sluice serve` proxy match requests with it alike).
+//! - [`layer`]: [`RateLimitLayer`] and its service: the check, denials answered in `call`,
+//!   shaping delays and concurrency leases held until the response body ends.
 //!
 //! See `docs/http.md` for adding it to an axum app, every header it sends and why, and how
 //! to configure trusted proxies.
@@ -16,10 +19,12 @@
 pub mod headers;
 pub mod identity;
 pub mod layer;
+pub mod rule;
 
 pub use headers::{HeaderOptions, rate_limit_headers, too_many_requests};
 pub use identity::{ClientIpConfig, IdentityResolver, IdentitySource, TrustedProxies};
 pub use layer::{
     LeaseGuard, RateLimit, RateLimitBody, RateLimitIdentity, RateLimitLayer, RateLimitLayerBuilder,
-    RateLimitStats, Rule, StatsSnapshot,
+    RateLimitStats, StatsSnapshot,
 };
+pub use rule::Rule;

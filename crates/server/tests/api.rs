@@ -432,3 +432,251 @@ async fn health_metrics_openapi_and_admin_token() {
     assert_eq!(c.get(s.url("/nope")).send().await.unwrap().status(), 404);
     s.stop().await;
 }
+
+/// An upstream that answers every request with `200 ok`.
+async fn ok_upstream() -> std::net::SocketAddr {
+    let app = axum::Router::new().fallback(|| async { "ok" });
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    addr
+}
+
+/// Every key name in a Redis, read with `KEYS *` over RESP.
+async fn redis_keys(port: u16) -> Vec<String> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    tcp.write_all(b"*2\r\n$4\r\nKEYS\r\n$1\r\n*\r\n")
+        .await
+        .unwrap();
+    let mut r = BufReader::new(tcp);
+    let mut line = String::new();
+    r.read_line(&mut line).await.unwrap();
+    let n: usize = line.trim().strip_prefix('*').unwrap().parse().unwrap();
+    let mut keys = Vec::with_capacity(n);
+    for _ in 0..n {
+        line.clear();
+        r.read_line(&mut line).await.unwrap(); // $len
+        line.clear();
+        r.read_line(&mut line).await.unwrap();
+        keys.push(line.trim_end().to_string());
+    }
+    keys.sort();
+    keys
+}
+
+#[tokio::test]
+async fn a_credential_is_hashed_exactly_as_the_proxy_hashes_an_api_key() {
+    let redis =
+        common::Redis::start().expect("redis-server is needed: run scripts/install-test-deps");
+    let up = ok_upstream().await;
+    let toml = format!(
+        r#"
+identity_hash_key = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+[store]
+url = "{}"
+
+[policies.per-key]
+algorithm = "fixed-window"
+limit = 5
+window = "1h"
+identity = "api-key:x-api-key"
+
+[[routes]]
+prefix = "/api"
+policies = ["per-key"]
+upstream = "http://{up}"
+"#,
+        redis.url()
+    );
+    let s = start(&toml).await;
+    let secret = "sk_live_abc123";
+    let res = client()
+        .get(s.proxy_url("/api/x"))
+        .header("x-api-key", secret)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let rl = res.headers()["ratelimit"].to_str().unwrap().to_string();
+    assert!(rl.starts_with("\"per-key\";r=4;"), "{rl}");
+    let keys = redis_keys(redis.port).await;
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let proxy_key = keys[0].clone();
+
+    // The same secret through the decision API lands in the same bucket, under the same key.
+    let v = check(&s, json!({"policy": "per-key", "credential": secret})).await;
+    assert_eq!(
+        (v["allowed"].as_bool(), v["remaining"].as_u64()),
+        (Some(true), Some(3))
+    );
+    assert_eq!(redis_keys(redis.port).await, [proxy_key.clone()]);
+    assert!(
+        !proxy_key.contains(secret) && !proxy_key.contains("sk_live"),
+        "{proxy_key}"
+    );
+    assert!(proxy_key.starts_with("rl:{key:h"), "{proxy_key}");
+    // Another secret is another bucket; a raw identity is never confused with a credential.
+    let v = check(
+        &s,
+        json!({"policy": "per-key", "credential": "sk_live_other"}),
+    )
+    .await;
+    assert_eq!(v["remaining"], 4);
+    let v = check(&s, json!({"policy": "per-key", "identity": secret})).await;
+    assert_eq!(v["remaining"], 4);
+
+    for (body, needle) in [
+        (
+            json!({"policy": "per-key", "identity": "a", "credential": "b"}),
+            "not both",
+        ),
+        (
+            json!({"policy": "per-key", "credential": ""}),
+            "must not be empty",
+        ),
+        (
+            json!({"policy": "per-key", "credential": 42}),
+            "\"credential\" must be a string",
+        ),
+        (json!({"policy": "per-key"}), "\"credential\""),
+    ] {
+        bad(&s, body.to_string().into(), "application/json", 400, needle).await;
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn release_checks_the_identity_when_one_is_given() {
+    let s = start(CONFIG).await;
+    let v = check(&s, json!({"policy": "uploads", "credential": "sk_a"})).await;
+    let lease = v["lease"].as_str().unwrap().to_string();
+    assert!(!lease.contains("sk_a"), "{lease}");
+    let url = s.url("/v1/release");
+    let release = |body: Value| client().post(&url).json(&body).send();
+    let res = release(json!({"lease": lease, "credential": "sk_b"}))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400);
+    let doc: Value = res.json().await.unwrap();
+    assert!(
+        doc["detail"]
+            .as_str()
+            .unwrap()
+            .contains("not taken for this identity")
+    );
+    let res = release(json!({"lease": lease, "credential": "sk_a"}))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.json::<Value>().await.unwrap()["released"], true);
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn every_client_error_is_problem_json() {
+    let s = start(CONFIG).await;
+    let c = client();
+    let res = c.get(s.url("/v1/check")).send().await.unwrap();
+    assert_eq!(res.status(), 405);
+    assert_eq!(res.headers()["content-type"], "application/problem+json");
+    assert!(res.headers()["allow"].to_str().unwrap().contains("POST"));
+    let doc: Value = res.json().await.unwrap();
+    assert_eq!(doc["status"], 405);
+    assert_eq!(doc["title"], "Method Not Allowed");
+    assert!(doc["detail"].as_str().unwrap().contains("GET"), "{doc}");
+    for (req, status) in [
+        (c.delete(s.url("/v1/release")), 405),
+        (c.post(s.url("/healthz")), 405),
+        (c.get(s.url("/nope")), 404),
+        (c.get(s.url("/metrics")), 401),
+        (c.post(s.url("/admin/reload")), 401),
+        (
+            c.post(s.url("/v1/check"))
+                .header("content-type", "text/plain")
+                .body("x"),
+            415,
+        ),
+        (
+            c.post(s.url("/v1/check"))
+                .header("content-type", "application/json")
+                .body("x".repeat(2000)),
+            413,
+        ),
+        (c.post(s.url("/v1/check")).json(&json!({})), 400),
+    ] {
+        let res = req.send().await.unwrap();
+        assert_eq!(res.status(), status);
+        assert_eq!(
+            res.headers()["content-type"],
+            "application/problem+json",
+            "{status}"
+        );
+        let doc: Value = res.json().await.unwrap();
+        assert_eq!(doc["status"], status);
+    }
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn denials_tell_the_caller_not_to_cache() {
+    let s = start(CONFIG).await;
+    let v = check(&s, json!({"policy": "pair", "identity": "nc", "cost": 2})).await;
+    assert_eq!(v["allowed"], true);
+    assert!(v["headers"].get("Cache-Control").is_none(), "{v}");
+    let v = check(&s, json!({"policy": "pair", "identity": "nc"})).await;
+    assert_eq!(v["allowed"], false);
+    assert_eq!(v["headers"]["Cache-Control"], "no-store");
+    assert_eq!(
+        v["headers"]["Retry-After"]
+            .as_str()
+            .map(|r| r.parse::<u64>().is_ok()),
+        Some(true)
+    );
+    s.stop().await;
+}
+
+#[tokio::test]
+async fn a_sharded_policy_reports_one_coherent_view() {
+    // 8 per hour split over 4 shards of 2: the whole policy is shown everywhere.
+    let s = start(
+        r#"
+[policies.hot]
+algorithm = "fixed-window"
+limit = 8
+window = "1h"
+shards = 4
+"#,
+    )
+    .await;
+    let v = check(&s, json!({"policy": "hot", "identity": "celebrity"})).await;
+    assert_eq!(v["allowed"], true);
+    // The shard that answered had 2 and has 1 left: 1 of 2 is 4 of 8.
+    assert_eq!(
+        (v["limit"].as_u64(), v["remaining"].as_u64()),
+        (Some(8), Some(4))
+    );
+    assert_eq!(v["policies"][0]["limit"], 8);
+    assert_eq!(v["policies"][0]["remaining"], 4);
+    assert_eq!(v["headers"]["RateLimit-Policy"], "\"hot\";q=8;w=3600");
+    assert!(
+        v["headers"]["RateLimit"]
+            .as_str()
+            .unwrap()
+            .starts_with("\"hot\";r=4;"),
+        "{v}"
+    );
+    // Whatever shard answers, remaining is a whole-policy number: a multiple of 4, at most 8.
+    for _ in 0..6 {
+        let v = check(&s, json!({"policy": "hot", "identity": "celebrity"})).await;
+        let r = v["remaining"].as_u64().unwrap();
+        assert!(r <= 8 && r % 4 == 0, "{v}");
+        assert_eq!(v["limit"], 8);
+        let header = v["headers"]["RateLimit"].as_str().unwrap().to_string();
+        assert!(header.starts_with(&format!("\"hot\";r={r};")), "{header}");
+    }
+    s.stop().await;
+}

@@ -384,3 +384,64 @@ async fn concurrency_lease_is_released_after_the_response() {
     }
     s.stop().await;
 }
+
+#[tokio::test]
+async fn a_route_mixing_identities_describes_every_policy() {
+    let up = upstream().await;
+    let toml = format!(
+        r#"
+[policies.per-key]
+algorithm = "token-bucket"
+capacity = 5
+rate = "1/h"
+identity = "api-key:x-api-key"
+
+[policies.per-ip]
+algorithm = "token-bucket"
+capacity = 2
+rate = "1/min"
+identity = "ip"
+
+[[routes]]
+prefix = "/api"
+policies = ["per-key", "per-ip"]
+upstream = "http://{up}"
+"#
+    );
+    let s = start(&toml).await;
+    let c = client();
+    let get = || c.get(s.proxy_url("/api/x")).header("x-api-key", "k").send();
+    for used in [1, 2] {
+        let res = get().await.unwrap();
+        assert_eq!(res.status(), 200);
+        // One list, the route's policies in the order listed, from both nested layers.
+        assert_eq!(
+            res.headers()["ratelimit-policy"],
+            "\"per-key\";q=5;w=18000, \"per-ip\";q=2;w=120"
+        );
+        let rl = res.headers()["ratelimit"].to_str().unwrap().to_string();
+        let items: Vec<&str> = rl.split(", ").collect();
+        assert_eq!(items.len(), 2, "{rl}");
+        assert!(
+            items[0].starts_with(&format!("\"per-key\";r={};", 5 - used)),
+            "{rl}"
+        );
+        assert!(
+            items[1].starts_with(&format!("\"per-ip\";r={};", 2 - used)),
+            "{rl}"
+        );
+        assert_eq!(res.headers().get_all("ratelimit").iter().count(), 1);
+    }
+    // The inner (per-ip) layer denies; the 429 still lists the outer policy, which admitted.
+    let res = get().await.unwrap();
+    assert_eq!(res.status(), 429);
+    let rl = res.headers()["ratelimit"].to_str().unwrap().to_string();
+    assert!(rl.starts_with("\"per-key\";r=2;"), "{rl}");
+    assert!(rl.contains("\"per-ip\";r=0;"), "{rl}");
+    assert_eq!(
+        res.headers()["ratelimit-policy"],
+        "\"per-key\";q=5;w=18000, \"per-ip\";q=2;w=120"
+    );
+    assert_eq!(res.headers()["cache-control"], "no-store");
+    s.stop().await;
+}

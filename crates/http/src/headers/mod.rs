@@ -20,12 +20,24 @@
 //! Shadow policies never appear: they are being tried out and must not change what clients
 //! see. Values are written into one buffer per call and handed to [`HeaderValue`] as shared
 //! slices of it, so a call allocates the buffer and the returned list, nothing per number.
+//!
+//! # Layout
+//! - this module: the header fields themselves, and merging them when two layers describe
+//!   one response;
+//! - [`lead`]: which decision leads an answer, how long to wait, and the numbers shown for a
+//!   (possibly sharded) policy;
+//! - [`problem`]: problem+json bodies, the 429 and the fail-closed answers.
+
+mod lead;
+mod problem;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
-use http_body_util::Full;
-use sluice::{Checked, Decision, DenyReason, Policy, Verdict};
+use http::header::{CACHE_CONTROL, RETRY_AFTER};
+use http::{HeaderMap, HeaderName, HeaderValue};
+use sluice::{Checked, Decision, Policy, Verdict};
+
+pub use lead::{Lead, Shown, denying_policy, lead, lead_of, shown};
+pub use problem::{problem, problem_json, store_unavailable, too_many_requests};
 
 /// `RateLimit-Policy`: quota and window of each policy.
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -102,117 +114,81 @@ fn put_u64(buf: &mut BytesMut, mut n: u64) {
     buf.put_slice(&digits[i..]);
 }
 
-/// Decimal text of `n` (for the rare paths that want a `String`).
-fn itoa_u64(n: u64) -> String {
-    let mut b = BytesMut::with_capacity(20);
-    put_u64(&mut b, n);
-    String::from_utf8_lossy(&b).into_owned()
-}
-
 /// A header value from bytes known to be visible ASCII (names are validated policy names,
 /// the rest digits and punctuation).
 fn value(bytes: Bytes) -> HeaderValue {
     HeaderValue::from_maybe_shared(bytes).unwrap_or_else(|_| HeaderValue::from_static(""))
 }
 
-/// The limits a client is told about: enforced policies that have a decision.
-fn visible(checked: &Checked) -> impl Iterator<Item = (&Policy, &Decision)> + Clone {
-    checked
-        .limits
-        .iter()
-        .filter(|l| !l.policy.shadow)
-        .filter_map(|l| l.decision.as_ref().map(|d| (&*l.policy, d)))
+/// Header names as clients usually write them (the decision API's `headers` object and the
+/// Envoy service use these spellings; HTTP itself ignores case).
+pub fn display_header_name(n: &str) -> String {
+    match n {
+        "ratelimit" => "RateLimit".into(),
+        "ratelimit-policy" => "RateLimit-Policy".into(),
+        "retry-after" => "Retry-After".into(),
+        "cache-control" => "Cache-Control".into(),
+        "x-ratelimit-limit" => "X-RateLimit-Limit".into(),
+        "x-ratelimit-remaining" => "X-RateLimit-Remaining".into(),
+        "x-ratelimit-reset" => "X-RateLimit-Reset".into(),
+        other => other.to_string(),
+    }
 }
 
-/// True when `d`, on its own, denied.
-fn denies(d: &Decision) -> bool {
-    !d.allowed && d.reason != Some(DenyReason::OtherLimitDenied)
-}
-
-/// Writes every header into `sink`. `retry_after_ms` is `Some` for a denial that retrying can
-/// cure.
+/// Writes every header for the enforced decisions `shown` into `sink`; `lead` says which
+/// one the legacy fields describe and whether to send `Retry-After`.
 fn build<'a, I>(
-    limits: I,
-    retry_after_ms: Option<u64>,
+    shown: I,
+    lead: &Lead<'a>,
     opts: &HeaderOptions,
     sink: &mut dyn FnMut(HeaderName, HeaderValue),
 ) where
-    I: Iterator<Item = (&'a Policy, &'a Decision)> + Clone,
+    I: Iterator<Item = Shown<'a>> + Clone,
 {
     let mut buf = BytesMut::with_capacity(128);
     if opts.ratelimit {
         let mut first = true;
-        for (p, _) in limits.clone() {
+        for s in shown.clone() {
             if !first {
                 buf.put_slice(b", ");
             }
             first = false;
             buf.put_u8(b'"');
-            buf.put_slice(p.name.as_bytes());
+            buf.put_slice(s.policy.name.as_bytes());
             buf.put_slice(b"\";q=");
-            put_u64(&mut buf, p.algorithm.quota());
+            put_u64(&mut buf, s.policy.algorithm.quota());
             buf.put_slice(b";w=");
-            put_u64(&mut buf, ceil_secs(p.algorithm.window_ms()));
+            put_u64(&mut buf, ceil_secs(s.policy.algorithm.window_ms()));
         }
         if !first {
             sink(RATELIMIT_POLICY.clone(), value(buf.split().freeze()));
-            for (i, (p, d)) in limits.clone().enumerate() {
+            for (i, s) in shown.clone().enumerate() {
                 if i > 0 {
                     buf.put_slice(b", ");
                 }
                 buf.put_u8(b'"');
-                buf.put_slice(p.name.as_bytes());
+                buf.put_slice(s.policy.name.as_bytes());
                 buf.put_slice(b"\";r=");
-                put_u64(&mut buf, d.remaining);
+                put_u64(&mut buf, s.remaining());
                 buf.put_slice(b";t=");
-                put_u64(&mut buf, ceil_secs(d.reset_after_ms));
+                put_u64(&mut buf, ceil_secs(s.decision.reset_after_ms));
             }
             sink(RATELIMIT.clone(), value(buf.split().freeze()));
         }
     }
-    if opts.legacy {
-        // One policy only: the one that denied with the longest wait, else the least remaining.
-        let pick = limits
-            .clone()
-            .filter(|(_, d)| denies(d))
-            .max_by_key(|(_, d)| d.retry_after_ms)
-            .or_else(|| limits.clone().min_by_key(|(_, d)| d.remaining));
-        if let Some((p, d)) = pick {
-            put_u64(&mut buf, p.algorithm.quota());
-            sink(X_RATELIMIT_LIMIT.clone(), value(buf.split().freeze()));
-            put_u64(&mut buf, d.remaining);
-            sink(X_RATELIMIT_REMAINING.clone(), value(buf.split().freeze()));
-            put_u64(&mut buf, ceil_secs(d.reset_after_ms));
-            sink(X_RATELIMIT_RESET.clone(), value(buf.split().freeze()));
-        }
+    if opts.legacy
+        && let Some(s) = lead.leader
+    {
+        put_u64(&mut buf, s.policy.algorithm.quota());
+        sink(X_RATELIMIT_LIMIT.clone(), value(buf.split().freeze()));
+        put_u64(&mut buf, s.remaining());
+        sink(X_RATELIMIT_REMAINING.clone(), value(buf.split().freeze()));
+        put_u64(&mut buf, ceil_secs(s.decision.reset_after_ms));
+        sink(X_RATELIMIT_RESET.clone(), value(buf.split().freeze()));
     }
-    if let Some(ms) = retry_after_ms {
+    if let Some(ms) = lead.retry_after_ms {
         put_u64(&mut buf, retry_after_secs(ms));
         sink(RETRY_AFTER, value(buf.split().freeze()));
-    }
-}
-
-/// The wait to announce for a denied check: `None` when the check was admitted, or when the
-/// only denials are costs the policy can never admit (retrying cannot help).
-fn denial_wait(checked: &Checked) -> Option<u64> {
-    if checked.allowed {
-        return None;
-    }
-    match checked.verdict {
-        Verdict::FailedClosed(_) => Some(1000),
-        _ => {
-            let ms = checked.retry_after_ms();
-            let only_cost = checked.denials().all(|l| {
-                l.decision
-                    .as_ref()
-                    .is_some_and(|d| d.reason == Some(DenyReason::CostExceedsLimit))
-            });
-            if only_cost && checked.denials().next().is_some() {
-                None
-            } else {
-                Some(ms)
-            }
-        }
     }
 }
 
@@ -226,7 +202,7 @@ pub fn rate_limit_headers(
     if matches!(checked.verdict, Verdict::FailedOpen(_)) {
         return out;
     }
-    build(visible(checked), denial_wait(checked), opts, &mut |n, v| {
+    build(shown(checked), &lead_of(checked), opts, &mut |n, v| {
         out.push((n, v))
     });
     out
@@ -239,143 +215,69 @@ pub fn rate_limit_headers_for(
     opts: &HeaderOptions,
 ) -> Vec<(HeaderName, HeaderValue)> {
     let mut out = Vec::with_capacity(6);
-    let iter = limits
+    let shown = limits
         .iter()
         .filter(|(p, _)| !p.shadow)
-        .map(|&(p, d)| (p, d));
-    let denying: Vec<&Decision> = iter.clone().map(|(_, d)| d).filter(|d| denies(d)).collect();
-    let wait = if denying.is_empty()
-        || denying
-            .iter()
-            .all(|d| d.reason == Some(DenyReason::CostExceedsLimit))
-    {
-        None
-    } else {
-        Some(denying.iter().map(|d| d.retry_after_ms).max().unwrap_or(0))
-    };
-    build(iter, wait, opts, &mut |n, v| out.push((n, v)));
+        .map(|&(p, d)| Shown::new(p, d));
+    build(shown.clone(), &lead(shown), opts, &mut |n, v| {
+        out.push((n, v))
+    });
     out
 }
 
-/// Sets the headers of [`rate_limit_headers`] on `headers`, replacing any already there.
-pub fn insert_rate_limit_headers(checked: &Checked, opts: &HeaderOptions, headers: &mut HeaderMap) {
-    if matches!(checked.verdict, Verdict::FailedOpen(_)) {
-        return;
+/// The headers of an answer to `checked`: [`rate_limit_headers`] and, when it denied,
+/// `Cache-Control: no-store` (RFC 6585: a 429 must not be cached). The decision API returns
+/// these for the caller to send; the layer's denials carry the same.
+pub fn answer_headers(checked: &Checked, opts: &HeaderOptions) -> Vec<(HeaderName, HeaderValue)> {
+    let mut out = rate_limit_headers(checked, opts);
+    if !checked.allowed {
+        out.push((CACHE_CONTROL, HeaderValue::from_static("no-store")));
     }
-    build(visible(checked), denial_wait(checked), opts, &mut |n, v| {
-        headers.insert(n, v);
-    });
+    out
 }
 
-/// An RFC 9457 problem document. `policy` and `retry_after_ms` are extension members.
-pub fn problem_json(
-    status: StatusCode,
-    detail: &str,
-    policy: Option<&str>,
-    retry_after_ms: Option<u64>,
-) -> Bytes {
-    // Written by hand to keep the members in the RFC's order; strings go through serde_json
-    // for escaping. "about:blank": the status code says it all, the title is its phrase.
-    let quote = |s: &str| serde_json::to_string(s).unwrap_or_else(|_| "\"\"".into());
-    let mut doc = String::with_capacity(160 + detail.len());
-    doc.push_str("{\"type\":\"about:blank\",\"title\":");
-    doc.push_str(&quote(status.canonical_reason().unwrap_or("Error")));
-    doc.push_str(",\"status\":");
-    doc.push_str(&itoa_u64(u64::from(status.as_u16())));
-    doc.push_str(",\"detail\":");
-    doc.push_str(&quote(detail));
-    if let Some(p) = policy {
-        doc.push_str(",\"policy\":");
-        doc.push_str(&quote(p));
+/// Adds the headers of [`rate_limit_headers`] to `headers`, merging with those another
+/// sluice layer (or the upstream) already set, so that nested layers describe every policy:
+/// - `RateLimit-Policy` and `RateLimit` are lists: this check's items come first (the outer
+///   layer's policies are listed first in a route), then the items already there;
+/// - the legacy `X-RateLimit-*` fields describe one policy: the one already there stays if
+///   the response is a denial (it has `Retry-After`) or has no more remaining than this one;
+/// - `Retry-After` keeps the longer wait.
+pub fn merge_rate_limit_headers(checked: &Checked, opts: &HeaderOptions, headers: &mut HeaderMap) {
+    let ours = rate_limit_headers(checked, opts);
+    let number = |v: Option<&HeaderValue>| v?.to_str().ok()?.trim().parse::<u64>().ok();
+    let keep_legacy = headers.contains_key(RETRY_AFTER)
+        || number(headers.get(&X_RATELIMIT_REMAINING)).is_some_and(|theirs| {
+            let mine = ours.iter().find(|(n, _)| n == X_RATELIMIT_REMAINING);
+            number(mine.map(|(_, v)| v)).is_none_or(|mine| theirs <= mine)
+        });
+    for (name, ours) in ours {
+        let merged = match headers.get(&name) {
+            None => ours,
+            Some(theirs) if name == RATELIMIT_POLICY || name == RATELIMIT => {
+                let mut buf = BytesMut::with_capacity(ours.len() + 2 + theirs.len());
+                buf.put_slice(ours.as_bytes());
+                buf.put_slice(b", ");
+                buf.put_slice(theirs.as_bytes());
+                value(buf.freeze())
+            }
+            Some(theirs) if name == RETRY_AFTER => {
+                if number(Some(theirs)) >= number(Some(&ours)) {
+                    continue;
+                }
+                ours
+            }
+            Some(_) if keep_legacy => continue,
+            Some(_) => ours,
+        };
+        headers.insert(name, merged);
     }
-    if let Some(ms) = retry_after_ms {
-        doc.push_str(",\"retry_after_ms\":");
-        doc.push_str(&itoa_u64(ms));
-    }
-    doc.push('}');
-    Bytes::from(doc)
-}
-
-/// The policy a denial is reported under: the enforced denial with the longest wait, else
-/// (fail closed) the first enforced fail-closed policy.
-pub fn denying_policy(checked: &Checked) -> Option<&Policy> {
-    checked
-        .denials()
-        .filter_map(|l| l.decision.as_ref().map(|d| (&*l.policy, d.retry_after_ms)))
-        .max_by_key(|&(_, ms)| ms)
-        .map(|(p, _)| p)
-        .or_else(|| {
-            checked
-                .limits
-                .iter()
-                .find(|l| !l.policy.shadow && l.policy.failure_mode == sluice::FailureMode::Closed)
-                .map(|l| &*l.policy)
-        })
-}
-
-fn problem_response(
-    status: StatusCode,
-    headers: Vec<(HeaderName, HeaderValue)>,
-    body: Bytes,
-) -> Response<Full<Bytes>> {
-    let mut res = Response::new(Full::new(body));
-    *res.status_mut() = status;
-    let h = res.headers_mut();
-    for (n, v) in headers {
-        h.insert(n, v);
-    }
-    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-    res
-}
-
-/// The `429 Too Many Requests` answer to a denied check: the RateLimit headers, `Retry-After`,
-/// `Cache-Control: no-store` and a problem+json body naming the policy exceeded.
-///
-/// The body is [`Full<Bytes>`]; axum users can return it as is (it implements
-/// `IntoResponse`), others map it with `res.map(MyBody::new)`.
-pub fn too_many_requests(checked: &Checked, opts: &HeaderOptions) -> Response<Full<Bytes>> {
-    let status = StatusCode::TOO_MANY_REQUESTS;
-    if matches!(checked.verdict, Verdict::FailedClosed(_)) {
-        return store_unavailable(checked, status);
-    }
-    let headers = rate_limit_headers(checked, opts);
-    let policy = denying_policy(checked);
-    let wait = denial_wait(checked);
-    let detail = match (policy, wait) {
-        (Some(p), Some(ms)) => format!(
-            "rate limit \"{}\" exceeded ({} per {} s); retry after {} s",
-            p.name,
-            p.algorithm.quota(),
-            ceil_secs(p.algorithm.window_ms()),
-            retry_after_secs(ms)
-        ),
-        (Some(p), None) => format!(
-            "the request costs more than rate limit \"{}\" can ever admit",
-            p.name
-        ),
-        (None, _) => "rate limit exceeded".to_string(),
-    };
-    let body = problem_json(status, &detail, policy.map(|p| p.name.as_str()), wait);
-    problem_response(status, headers, body)
-}
-
-/// The answer when the store failed and a policy fails closed: `status` (429 or 503),
-/// `Retry-After: 1`, no RateLimit headers (nothing was decided) and a problem+json body.
-pub fn store_unavailable(checked: &Checked, status: StatusCode) -> Response<Full<Bytes>> {
-    let policy = denying_policy(checked).map(|p| p.name.as_str());
-    let detail = "the rate limit store is unavailable and this limit fails closed";
-    let body = problem_json(status, detail, policy, Some(1000));
-    problem_response(
-        status,
-        vec![(RETRY_AFTER, HeaderValue::from_static("1"))],
-        body,
-    )
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::StatusCode;
     use sluice::{Algorithm, LimitResult, Rate};
     use std::sync::Arc;
 
@@ -519,13 +421,7 @@ mod tests {
         assert_eq!(h["cache-control"], "no-store");
         assert_eq!(h["content-type"], PROBLEM_JSON);
         assert_eq!(h["retry-after"], "3");
-        let body: serde_json::Value = {
-            use http_body_util::BodyExt;
-            let b = futures::executor::block_on(res.into_body().collect())
-                .unwrap()
-                .to_bytes();
-            serde_json::from_slice(&b).unwrap()
-        };
+        let body: serde_json::Value = serde_json::from_slice(res.body()).unwrap();
         assert_eq!(body["status"], 429);
         assert_eq!(body["title"], "Too Many Requests");
         assert_eq!(body["policy"], "daily");
@@ -555,5 +451,122 @@ mod tests {
         assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(res.headers()["retry-after"], "1");
         assert!(res.headers().get("ratelimit").is_none());
+    }
+
+    fn sharded(shards: u32) -> Arc<Policy> {
+        let mut p = Policy::new(
+            "hot",
+            Algorithm::FixedWindow {
+                limit: 8,
+                window_ms: 60_000,
+            },
+        )
+        .unwrap();
+        p.shards = shards;
+        Arc::new(p)
+    }
+
+    #[test]
+    fn a_sharded_policy_is_shown_whole() {
+        // 8 per minute over 4 shards: each shard holds 2, and this one has 1 left.
+        let c = checked(vec![(sharded(4), Decision::allow(2, 1, 30_000))]);
+        let h = rate_limit_headers(&c, &HeaderOptions::all());
+        assert_eq!(get(&h, "ratelimit-policy"), Some("\"hot\";q=8;w=60"));
+        assert_eq!(get(&h, "ratelimit"), Some("\"hot\";r=4;t=30"));
+        assert_eq!(get(&h, "x-ratelimit-limit"), Some("8"));
+        assert_eq!(get(&h, "x-ratelimit-remaining"), Some("4"));
+        let s = lead_of(&c).leader.unwrap();
+        assert_eq!((s.limit(), s.remaining()), (8, 4));
+        // Rounded-up shards never show more than the whole quota: 10 over 4 is 3 per shard.
+        let mut p = (*sharded(4)).clone();
+        p.algorithm = Algorithm::FixedWindow {
+            limit: 10,
+            window_ms: 60_000,
+        };
+        let d = Decision::allow(3, 3, 0);
+        let s = Shown::new(&p, &d);
+        assert_eq!((s.limit(), s.remaining()), (10, 10));
+        let d = Decision::limited(3, 0, 500, 500);
+        assert_eq!(Shown::new(&p, &d).remaining(), 0);
+        // One shard is shown exactly as decided.
+        let one = sharded(1);
+        let d = Decision::allow(8, 5, 0);
+        assert_eq!(
+            (
+                Shown::new(&one, &d).limit(),
+                Shown::new(&one, &d).remaining()
+            ),
+            (8, 5)
+        );
+    }
+
+    #[test]
+    fn lead_picks_the_longest_denial_then_the_least_remaining() {
+        let (b, d) = (burst(), daily());
+        let c = checked(vec![
+            (b.clone(), Decision::allow(10, 3, 100)),
+            (d.clone(), Decision::allow(1000, 900, 100)),
+        ]);
+        let l = lead_of(&c);
+        assert_eq!(l.leader.unwrap().policy.name, "burst");
+        assert_eq!(l.retry_after_ms, None);
+        let c = checked(vec![
+            (b.clone(), Decision::limited(10, 0, 400, 2000)),
+            (d.clone(), Decision::limited(1000, 0, 9000, 9000)),
+        ]);
+        let l = lead_of(&c);
+        assert_eq!(l.leader.unwrap().policy.name, "daily");
+        assert_eq!(l.retry_after_ms, Some(9000));
+        // A cost no policy can ever admit: nothing to wait for.
+        let c = checked(vec![(b, Decision::cost_exceeds_limit(10, 10, 0))]);
+        assert_eq!(lead_of(&c).retry_after_ms, None);
+        assert_eq!(lead_of(&c).wait_ms(), 0);
+    }
+
+    #[test]
+    fn nested_layers_merge_their_lists() {
+        let inner = checked(vec![(daily(), Decision::allow(1000, 998, 3_600_001))]);
+        let outer = checked(vec![(burst(), Decision::allow(10, 7, 600))]);
+        let mut h = HeaderMap::new();
+        merge_rate_limit_headers(&inner, &HeaderOptions::all(), &mut h);
+        merge_rate_limit_headers(&outer, &HeaderOptions::all(), &mut h);
+        assert_eq!(
+            h["ratelimit-policy"],
+            "\"burst\";q=10;w=2, \"daily\";q=1000;w=86400"
+        );
+        assert_eq!(h["ratelimit"], "\"burst\";r=7;t=1, \"daily\";r=998;t=3601");
+        // The legacy fields describe the policy with the least remaining, whichever layer.
+        assert_eq!(h["x-ratelimit-limit"], "10");
+        assert_eq!(h["x-ratelimit-remaining"], "7");
+        // An inner denial keeps its legacy fields and its Retry-After.
+        let mut h = HeaderMap::new();
+        let denied = checked(vec![(daily(), Decision::limited(1000, 0, 5000, 5000))]);
+        for (n, v) in answer_headers(&denied, &HeaderOptions::all()) {
+            h.insert(n, v);
+        }
+        merge_rate_limit_headers(&outer, &HeaderOptions::all(), &mut h);
+        assert_eq!(h["x-ratelimit-limit"], "1000");
+        assert_eq!(h["retry-after"], "5");
+        assert_eq!(h["cache-control"], "no-store");
+        assert!(
+            h["ratelimit"]
+                .to_str()
+                .unwrap()
+                .starts_with("\"burst\";r=7")
+        );
+    }
+
+    #[test]
+    fn only_denials_are_marked_uncacheable() {
+        let ok = checked(vec![(burst(), Decision::allow(10, 9, 200))]);
+        assert!(
+            answer_headers(&ok, &HeaderOptions::default())
+                .iter()
+                .all(|(n, _)| n != CACHE_CONTROL)
+        );
+        let no = checked(vec![(burst(), Decision::limited(10, 0, 200, 2000))]);
+        let h = answer_headers(&no, &HeaderOptions::default());
+        assert_eq!(get(&h, "cache-control"), Some("no-store"));
+        assert_eq!(display_header_name("cache-control"), "Cache-Control");
     }
 }

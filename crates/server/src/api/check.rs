@@ -4,21 +4,26 @@
 //! all-or-nothing check. The answer is 200 whatever the decision, with the numbers, the
 //! headers to send and, for concurrency policies, a lease token to hand back to
 //! `/v1/release`.
+//!
+//! Who is limited comes as `identity` (the caller's own name for it, e.g. `user:42`) or as
+//! `credential` (a secret such as an API key). A credential is hashed here with the
+//! configuration's `identity_hash_key`, exactly as the proxy hashes an API key header, so the
+//! raw secret never reaches a key name and an app behind the proxy and one calling this API
+//! share one bucket per key.
 
-use std::fmt::Write as _;
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
 use axum::response::Response;
 use http::StatusCode;
 use serde_json::{Map, Value, json};
-use sluice::core::LeaseId;
 use sluice::core::key::MAX_IDENTITY_LEN;
 use sluice::core::policy::MAX_EXACT;
-use sluice::{Checked, Decision, Identity, Lease, Policy, Verdict};
-use sluice_http::headers::{HeaderOptions, rate_limit_headers};
+use sluice::{Checked, Decision, Identity, LeaseToken, Policy, Verdict};
+use sluice_http::headers::{HeaderOptions, Shown, answer_headers, display_header_name, lead_of};
+use sluice_http::identity::api_key_identity;
 
-use super::{count, display_header_name, json_response, kind, problem, read_json};
+use super::{count, json_response, kind, problem, read_json};
 use crate::state::{Runtime, Shared};
 
 /// A parsed `/v1/check` body.
@@ -74,25 +79,11 @@ fn parse_check(rt: &Runtime, mut m: Map<String, Value>) -> Result<CheckRequest, 
             ));
         }
     };
-    let identity = match m.remove("identity") {
-        Some(Value::String(s)) if s.is_empty() => {
-            return Err("\"identity\" must not be empty".into());
-        }
-        Some(Value::String(s)) if s.len() > MAX_IDENTITY_LEN => {
-            return Err(format!(
-                "\"identity\" is {} bytes; the most is {MAX_IDENTITY_LEN}",
-                s.len()
-            ));
-        }
-        Some(Value::String(s)) => Identity::new(s),
-        Some(other) => {
-            return Err(format!(
-                "\"identity\" must be a string, not {}",
-                kind(&other)
-            ));
-        }
-        None => return Err("missing \"identity\" (who is limited, e.g. \"user:42\")".into()),
-    };
+    let identity = parse_identity(rt, &mut m)?.ok_or_else(|| {
+        "missing \"identity\" (who is limited, e.g. \"user:42\") or \"credential\" \
+         (a secret such as an API key, hashed by the server)"
+            .to_string()
+    })?;
     let cost = match m.remove("cost") {
         None | Some(Value::Null) => 1,
         Some(Value::Number(n)) => match n.as_u64() {
@@ -110,7 +101,7 @@ fn parse_check(rt: &Runtime, mut m: Map<String, Value>) -> Result<CheckRequest, 
     };
     if let Some(k) = m.keys().next() {
         return Err(format!(
-            "unknown field {k:?}: expected policy or policies, identity, cost"
+            "unknown field {k:?}: expected policy or policies, identity or credential, cost"
         ));
     }
     let mut policies = Vec::with_capacity(names.len());
@@ -125,6 +116,42 @@ fn parse_check(rt: &Runtime, mut m: Map<String, Value>) -> Result<CheckRequest, 
         identity,
         cost,
     })
+}
+
+/// The identity of a request body: `"identity"` as given, or `"credential"` hashed as the
+/// proxy hashes an API key. `None` when neither is given.
+fn parse_identity(rt: &Runtime, m: &mut Map<String, Value>) -> Result<Option<Identity>, String> {
+    match (m.remove("identity"), m.remove("credential")) {
+        (Some(_), Some(_)) => Err(
+            "give either \"identity\" or \"credential\", not both: a credential is hashed \
+             into the identity"
+                .into(),
+        ),
+        (None, None) => Ok(None),
+        (Some(Value::String(s)), None) if s.is_empty() => {
+            Err("\"identity\" must not be empty".into())
+        }
+        (Some(Value::String(s)), None) if s.len() > MAX_IDENTITY_LEN => Err(format!(
+            "\"identity\" is {} bytes; the most is {MAX_IDENTITY_LEN}",
+            s.len()
+        )),
+        (Some(Value::String(s)), None) => Ok(Some(Identity::new(s))),
+        (Some(other), None) => Err(format!(
+            "\"identity\" must be a string, not {}",
+            kind(&other)
+        )),
+        (None, Some(Value::String(s))) if s.is_empty() => {
+            Err("\"credential\" must not be empty".into())
+        }
+        (None, Some(Value::String(s))) => Ok(Some(api_key_identity(
+            s.as_bytes(),
+            &rt.config.identity_hash_key,
+        ))),
+        (None, Some(other)) => Err(format!(
+            "\"credential\" must be a string, not {}",
+            kind(&other)
+        )),
+    }
 }
 
 fn verdict_name(v: &Verdict) -> &'static str {
@@ -142,43 +169,32 @@ fn reason_name(d: &Decision) -> Value {
     }
 }
 
-/// The JSON answer to a check.
+/// The JSON answer to a check. Every number is the whole policy's (see
+/// [`sluice_http::headers::Shown`]), so the JSON and the headers tell one story.
 fn check_answer(checked: &Checked, opts: &HeaderOptions) -> Value {
     // The headline numbers: the denying policy, else the enforced one with the least left.
-    let visible = || {
-        checked
-            .limits
-            .iter()
-            .filter(|l| !l.policy.shadow)
-            .filter_map(|l| l.decision.as_ref())
-    };
-    let head = checked
-        .denials()
-        .filter_map(|l| l.decision.as_ref())
-        .max_by_key(|d| d.retry_after_ms)
-        .or_else(|| visible().min_by_key(|d| d.remaining));
-    let (limit, remaining, reset) =
-        head.map_or((0, 0, 0), |d| (d.limit, d.remaining, d.reset_after_ms));
-    let retry_after_ms = match checked.verdict {
-        Verdict::FailedClosed(_) => 1000,
-        _ if checked.allowed => 0,
-        _ => checked.retry_after_ms(),
-    };
+    let lead = lead_of(checked);
+    let (limit, remaining, reset) = lead.leader.map_or((0, 0, 0), |s| {
+        (s.limit(), s.remaining(), s.decision.reset_after_ms)
+    });
     let policies: Vec<Value> = checked
         .limits
         .iter()
         .map(|l| match &l.decision {
-            Some(d) => json!({
-                "policy": l.policy.name,
-                "allowed": d.allowed,
-                "shadow": l.policy.shadow,
-                "limit": d.limit,
-                "remaining": d.remaining,
-                "retry_after_ms": d.retry_after_ms,
-                "reset_after_ms": d.reset_after_ms,
-                "delay_ms": d.delay_ms,
-                "reason": reason_name(d),
-            }),
+            Some(d) => {
+                let shown = Shown::new(&l.policy, d);
+                json!({
+                    "policy": l.policy.name,
+                    "allowed": d.allowed,
+                    "shadow": l.policy.shadow,
+                    "limit": shown.limit(),
+                    "remaining": shown.remaining(),
+                    "retry_after_ms": d.retry_after_ms,
+                    "reset_after_ms": d.reset_after_ms,
+                    "delay_ms": d.delay_ms,
+                    "reason": reason_name(d),
+                })
+            }
             None => json!({
                 "policy": l.policy.name,
                 "allowed": checked.allowed,
@@ -193,22 +209,19 @@ fn check_answer(checked: &Checked, opts: &HeaderOptions) -> Value {
         })
         .collect();
     let mut headers = Map::new();
-    for (n, v) in rate_limit_headers(checked, opts) {
+    for (n, v) in answer_headers(checked, opts) {
         headers.insert(
             display_header_name(n.as_str()),
             Value::String(v.to_str().unwrap_or("").to_string()),
         );
     }
-    let lease = if checked.leases.is_empty() {
-        Value::Null
-    } else {
-        Value::String(encode_leases(checked))
-    };
+    let lease =
+        LeaseToken::from_checked(checked).map_or(Value::Null, |t| Value::String(t.encode()));
     json!({
         "allowed": checked.allowed,
         "limit": limit,
         "remaining": remaining,
-        "retry_after_ms": retry_after_ms,
+        "retry_after_ms": lead.wait_ms(),
         "reset_after_ms": reset,
         "delay_ms": checked.delay_ms(),
         "verdict": verdict_name(&checked.verdict),
@@ -216,100 +229,6 @@ fn check_answer(checked: &Checked, opts: &HeaderOptions) -> Value {
         "headers": headers,
         "lease": lease,
     })
-}
-
-// Lease tokens: `policy~key~id` per lease, `,` between leases, each part escaped so neither
-// separator appears inside it. The server finds the algorithm again from the policy name.
-
-fn escape_token_part(out: &mut String, s: &str) {
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric()
-            || matches!(
-                b,
-                b'-' | b'_' | b'.' | b':' | b'{' | b'}' | b'#' | b'@' | b'/' | b'+' | b'='
-            )
-        {
-            out.push(b as char);
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-}
-
-fn unescape_token_part(s: &str) -> Option<String> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = s.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out).ok()
-}
-
-fn encode_leases(checked: &Checked) -> String {
-    let mut out = String::new();
-    for lease in &checked.leases {
-        let Some(l) = checked.limits.iter().find(|l| l.key == lease.key) else {
-            continue;
-        };
-        if !out.is_empty() {
-            out.push(',');
-        }
-        escape_token_part(&mut out, &l.policy.name);
-        out.push('~');
-        escape_token_part(&mut out, &lease.key);
-        out.push('~');
-        escape_token_part(&mut out, &lease.id.0);
-    }
-    out
-}
-
-fn decode_leases(rt: &Runtime, token: &str) -> Result<Vec<Lease>, String> {
-    let bad = || "malformed lease token".to_string();
-    let prefix = format!("{}:{{", rt.limiter.key_scheme().prefix());
-    let mut leases = Vec::new();
-    for part in token.split(',') {
-        let mut it = part.split('~');
-        let (Some(p), Some(k), Some(i), None) = (it.next(), it.next(), it.next(), it.next()) else {
-            return Err(bad());
-        };
-        let (policy, key, id) = (
-            unescape_token_part(p).ok_or_else(bad)?,
-            unescape_token_part(k).ok_or_else(bad)?,
-            unescape_token_part(i).ok_or_else(bad)?,
-        );
-        let pc = rt
-            .config
-            .policies
-            .get(&policy)
-            .ok_or_else(|| format!("unknown policy {policy:?}"))?;
-        // The key must be one of this policy's keys: a token cannot touch other state.
-        if !key.starts_with(&prefix) || !key.ends_with(&format!("}}:{policy}")) {
-            return Err(bad());
-        }
-        let p = &pc.policy;
-        let algorithm = if p.shards > 1 {
-            p.algorithm.per_shard(p.shards)
-        } else {
-            p.algorithm.clone()
-        };
-        if !matches!(algorithm, sluice::Algorithm::Concurrency { .. }) {
-            return Err(format!("policy {policy:?} is not a concurrency policy"));
-        }
-        leases.push(Lease {
-            key,
-            algorithm,
-            id: LeaseId(id),
-        });
-    }
-    Ok(leases)
 }
 
 pub(super) async fn check(State(shared): State<Shared>, req: Request) -> Response {
@@ -371,18 +290,28 @@ pub(super) async fn release(State(shared): State<Shared>, req: Request) -> Respo
             );
         }
     };
+    let identity = match parse_identity(&rt, &mut body) {
+        Ok(id) => id,
+        Err(msg) => {
+            count("release", StatusCode::BAD_REQUEST);
+            return problem(StatusCode::BAD_REQUEST, &msg);
+        }
+    };
     if let Some(k) = body.keys().next() {
         count("release", StatusCode::BAD_REQUEST);
         return problem(
             StatusCode::BAD_REQUEST,
-            &format!("unknown field {k:?}: expected lease"),
+            &format!("unknown field {k:?}: expected lease, and optionally identity or credential"),
         );
     }
-    let leases = match decode_leases(&rt, &token) {
+    let policy = |name: &str| rt.config.policies.get(name).map(|pc| &*pc.policy);
+    let leases = match LeaseToken::decode(&token)
+        .and_then(|t| t.leases(rt.limiter.key_scheme(), policy, identity.as_ref()))
+    {
         Ok(l) => l,
-        Err(msg) => {
+        Err(e) => {
             count("release", StatusCode::BAD_REQUEST);
-            return problem(StatusCode::BAD_REQUEST, &msg);
+            return problem(StatusCode::BAD_REQUEST, &e.to_string());
         }
     };
     let mut released = true;
@@ -400,19 +329,4 @@ pub(super) async fn release(State(shared): State<Shared>, req: Request) -> Respo
     }
     count("release", StatusCode::OK);
     json_response(StatusCode::OK, &json!({ "released": released }))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn lease_token_parts_round_trip() {
-        for s in ["rl:{user:42}:uploads", "a~b,c%d", "é ", ""] {
-            let mut out = String::new();
-            escape_token_part(&mut out, s);
-            assert!(!out.contains('~') && !out.contains(','));
-            assert_eq!(unescape_token_part(&out).as_deref(), Some(s));
-        }
-    }
 }

@@ -4,11 +4,12 @@
 //! `POST /v1/check` answers with the decision *and* the exact headers the caller should put on
 //! its own response, so a ten-line middleware in FastAPI or Express gives the same answers as
 //! the tower layer. Every malformed request gets a `400 application/problem+json` naming what is
-//! wrong; bodies are read up to `server.max_body_bytes` and no further (`413` beyond).
+//! wrong; bodies are read up to `server.max_body_bytes` and no further (`413` beyond). Every
+//! other client error of the listener (`404`, `405`, `401`...) is problem+json too.
 //!
 //! # Layout
 //! - this module: the router and what every endpoint shares (reading a JSON body, answering
-//!   JSON, counting requests);
+//!   JSON and problem+json, counting requests);
 //! - [`check`]: `/v1/check` and `/v1/release`, the decision API;
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics` and `/admin/reload`, with the admin token;
 //! - [`openapi`]: the request and response shapes, served at `/openapi.json`.
@@ -26,9 +27,9 @@ use http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderValue, StatusCode};
 use http_body_util::BodyExt;
 use serde_json::{Map, Value};
-use sluice_http::headers::{PROBLEM_JSON, problem_json};
 
 pub use openapi::openapi;
+pub use sluice_http::headers::display_header_name;
 
 use crate::state::Shared;
 
@@ -43,16 +44,45 @@ pub fn router(shared: Shared) -> Router {
         .route("/metrics", get(admin::metrics_text))
         .route("/admin/reload", post(admin::admin_reload))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn(problem_for_bare_errors))
         .with_state(shared)
 }
 
-/// A problem+json response.
+/// Gives a problem+json body to every client error that was answered without a body of its
+/// own: axum's `405 Method Not Allowed` (its `Allow` header kept) and any other rejection
+/// made below the handlers, so that every 4xx of this listener reads the same way.
+async fn problem_for_bare_errors(req: Request, next: axum::middleware::Next) -> Response {
+    let (method, path) = (req.method().clone(), req.uri().path().to_string());
+    let res = next.run(req).await;
+    if !res.status().is_client_error() || res.headers().contains_key(CONTENT_TYPE) {
+        return res;
+    }
+    let status = res.status();
+    let detail = match res
+        .headers()
+        .get(http::header::ALLOW)
+        .and_then(|v| v.to_str().ok())
+    {
+        Some(allow) if status == StatusCode::METHOD_NOT_ALLOWED => {
+            format!("{method} is not allowed on {path}; use {allow}")
+        }
+        _ => format!(
+            "{} ({method} {path})",
+            status.canonical_reason().unwrap_or("client error")
+        ),
+    };
+    let (mut parts, _) = res.into_parts();
+    let answer = problem(status, &detail);
+    for (name, value) in answer.headers() {
+        parts.headers.insert(name, value.clone());
+    }
+    parts.headers.remove(CONTENT_LENGTH);
+    Response::from_parts(parts, answer.into_body())
+}
+
+/// A problem+json response ([`sluice_http::headers::problem`] as an axum response).
 pub fn problem(status: StatusCode, detail: &str) -> Response {
-    let mut res = Response::new(Body::from(problem_json(status, detail, None, None)));
-    *res.status_mut() = status;
-    res.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
-    res
+    sluice_http::headers::problem(status, detail).map(Body::from)
 }
 
 pub(crate) fn json_response(status: StatusCode, v: &Value) -> Response {
@@ -139,19 +169,6 @@ pub(crate) fn kind(v: &Value) -> &'static str {
         Value::String(_) => "a string",
         Value::Array(_) => "a list",
         Value::Object(_) => "an object",
-    }
-}
-
-/// Header names as clients usually write them.
-pub fn display_header_name(n: &str) -> String {
-    match n {
-        "ratelimit" => "RateLimit".into(),
-        "ratelimit-policy" => "RateLimit-Policy".into(),
-        "retry-after" => "Retry-After".into(),
-        "x-ratelimit-limit" => "X-RateLimit-Limit".into(),
-        "x-ratelimit-remaining" => "X-RateLimit-Remaining".into(),
-        "x-ratelimit-reset" => "X-RateLimit-Reset".into(),
-        other => other.to_string(),
     }
 }
 

@@ -1,0 +1,119 @@
+//! [`Rule`]: which policies apply to which requests, by path prefix and method.
+//!
+//! The tower layer picks its rule per request and the reverse proxy of `sluice serve` picks
+//! its route the same way, with the same matcher, so a path is limited identically whether
+//! an app links the layer or sits behind the proxy.
+
+use std::cmp::Ordering;
+use std::sync::Arc;
+
+use http::Method;
+use sluice::Policy;
+
+/// Which policies apply to the requests under a path prefix (and optionally some methods).
+#[derive(Debug, Clone)]
+pub struct Rule {
+    pub(crate) prefix: String,
+    pub(crate) methods: Vec<Method>,
+    pub(crate) policies: Vec<Arc<Policy>>,
+    pub(crate) cost: u64,
+}
+
+impl Rule {
+    /// A rule for every path under `prefix` (segment-wise: `/api` covers `/api` and
+    /// `/api/x`, not `/apix`). `/` covers everything.
+    pub fn new(prefix: impl Into<String>) -> Self {
+        let mut prefix = prefix.into();
+        if !prefix.starts_with('/') {
+            prefix.insert(0, '/');
+        }
+        Self {
+            prefix,
+            methods: Vec::new(),
+            policies: Vec::new(),
+            cost: 1,
+        }
+    }
+    /// Only these methods (default: any). For the same prefix, a rule naming the method wins
+    /// over one that does not.
+    pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        self.methods = methods.into_iter().collect();
+        self
+    }
+    /// Adds a policy. A rule without policies exempts its prefix (e.g. `/health`).
+    pub fn policy(mut self, policy: impl Into<Arc<Policy>>) -> Self {
+        self.policies.push(policy.into());
+        self
+    }
+    /// The cost of one request (default 1).
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.cost = cost;
+        self
+    }
+
+    /// The path prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// True when the rule covers a request with this method and path.
+    pub fn matches(&self, method: &Method, path: &str) -> bool {
+        (self.methods.is_empty() || self.methods.contains(method))
+            && prefix_matches(&self.prefix, path)
+    }
+
+    /// The order in which rules are tried, so the first match is the one that applies:
+    /// longest prefix first; for equal prefixes, rules naming methods first.
+    pub fn precedence(&self, other: &Rule) -> Ordering {
+        other
+            .prefix
+            .len()
+            .cmp(&self.prefix.len())
+            .then(self.methods.is_empty().cmp(&other.methods.is_empty()))
+    }
+}
+
+/// True when `prefix` covers `path`, segment-wise: `/api` covers `/api` and `/api/x`, not
+/// `/apix`; a prefix ending in `/` covers everything below it; `/` covers everything.
+pub fn prefix_matches(prefix: &str, path: &str) -> bool {
+    prefix == "/"
+        || path == prefix
+        || (path.starts_with(prefix)
+            && (prefix.ends_with('/') || path.as_bytes().get(prefix.len()) == Some(&b'/')))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefixes_match_by_segment() {
+        assert!(prefix_matches("/", "/anything"));
+        assert!(prefix_matches("/api", "/api"));
+        assert!(prefix_matches("/api", "/api/x"));
+        assert!(!prefix_matches("/api", "/apix"));
+        assert!(prefix_matches("/api/", "/api/x"));
+        assert!(!prefix_matches("/api/x", "/api"));
+    }
+
+    #[test]
+    fn longer_prefixes_and_named_methods_come_first() {
+        let mut rules = [
+            Rule::new("/"),
+            Rule::new("/api"),
+            Rule::new("/api").methods([Method::POST]),
+            Rule::new("api/upload"),
+        ];
+        rules.sort_by(Rule::precedence);
+        let order: Vec<(&str, usize)> = rules
+            .iter()
+            .map(|r| (r.prefix(), r.methods.len()))
+            .collect();
+        assert_eq!(
+            order,
+            [("/api/upload", 0), ("/api", 1), ("/api", 0), ("/", 0)]
+        );
+        assert!(rules[1].matches(&Method::POST, "/api/x"));
+        assert!(!rules[1].matches(&Method::GET, "/api/x"));
+    }
+}
