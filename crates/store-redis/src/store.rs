@@ -8,13 +8,10 @@ use crate::protocol::{self, ROW};
 use crate::scripts;
 use call::{LeaseGuard, ReleaseContext, batch_runner, release_runner};
 use compensation::{Compensator, PendingRelease};
-use connection::{Conn, SentinelConn};
+use connection::{Conn, SentinelConn, is_auth_error, map_err, tls_certificates};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
-use redis::{
-    ClientTlsConfig, ErrorKind, IntoConnectionInfo, RedisError, ServerErrorKind, TlsCertificates,
-    TlsMode, Value,
-};
+use redis::{IntoConnectionInfo, RedisError, TlsMode, Value};
 use sluice_core::key::key_slot;
 use sluice_core::{Algorithm, CheckItem, Clock, LeaseId, MultiDecision, Store, StoreError};
 use std::sync::Arc;
@@ -349,62 +346,6 @@ pub async fn connect(url: &str, mut options: RedisOptions) -> Result<RedisStore,
             .map_err(|_| StoreError::Timeout(options.connect_timeout.as_millis() as u64))??;
     }
     Ok(store)
-}
-
-/// The certificates named by `?ca=`, `?cert=` and `?key=`, read from their files.
-fn tls_certificates(parsed: &crate::url::ParsedUrl) -> Result<Option<TlsCertificates>, StoreError> {
-    if parsed.ca.is_none() && parsed.client_cert.is_none() {
-        return Ok(None);
-    }
-    let read = |what: &str, path: &str| {
-        std::fs::read(path)
-            .map_err(|e| StoreError::Invalid(format!("cannot read the TLS {what} {path:?}: {e}")))
-    };
-    let root_cert = parsed
-        .ca
-        .as_deref()
-        .map(|p| read("CA file", p))
-        .transpose()?;
-    let client_tls = match &parsed.client_cert {
-        Some((cert, key)) => Some(ClientTlsConfig {
-            client_cert: read("client certificate", cert)?,
-            client_key: read("client key", key)?,
-        }),
-        None => None,
-    };
-    Ok(Some(TlsCertificates {
-        client_tls,
-        root_cert,
-    }))
-}
-
-fn is_auth_error(e: &RedisError) -> bool {
-    if e.kind() == ErrorKind::AuthenticationFailed {
-        return true;
-    }
-    let s = e.to_string();
-    s.contains("WRONGPASS") || s.contains("NOAUTH") || s.contains("invalid password")
-}
-
-fn map_err(e: RedisError) -> StoreError {
-    if e.is_timeout() {
-        return StoreError::Timeout(0);
-    }
-    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
-        return StoreError::Unavailable(e.to_string());
-    }
-    match e.kind() {
-        ErrorKind::Server(
-            ServerErrorKind::ClusterDown
-            | ServerErrorKind::TryAgain
-            | ServerErrorKind::MasterDown
-            | ServerErrorKind::BusyLoading
-            | ServerErrorKind::ReadOnly,
-        ) => StoreError::Unavailable(e.to_string()),
-        ErrorKind::Server(ServerErrorKind::CrossSlot) => StoreError::Invalid(e.to_string()),
-        _ if e.is_cluster_error() => StoreError::Unavailable(e.to_string()),
-        _ => StoreError::Backend(e.to_string()),
-    }
 }
 
 fn is_missing_function(e: &RedisError) -> bool {

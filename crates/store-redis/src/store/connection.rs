@@ -1,11 +1,13 @@
 //! The connection a [`super::RedisStore`] sends its calls on: one multiplexed, reconnecting
 //! connection to a standalone server, a Cluster connection, or the current master of a
-//! Sentinel group (found again when a call suggests a failover).
+//! Sentinel group (found again when a call suggests a failover). Also the TLS files it is
+//! opened with, and how the client's errors map to [`StoreError`].
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::sentinel::SentinelClient;
-use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use redis::{ClientTlsConfig, ErrorKind, RedisError, ServerErrorKind, TlsCertificates, Value};
+use sluice_core::StoreError;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -120,5 +122,63 @@ impl SentinelConn {
             drop(sentinel);
             this.busy.store(false, Ordering::Release);
         });
+    }
+}
+
+/// The certificates named by `?ca=`, `?cert=` and `?key=`, read from their files.
+pub(super) fn tls_certificates(
+    parsed: &crate::url::ParsedUrl,
+) -> Result<Option<TlsCertificates>, StoreError> {
+    if parsed.ca.is_none() && parsed.client_cert.is_none() {
+        return Ok(None);
+    }
+    let read = |what: &str, path: &str| {
+        std::fs::read(path)
+            .map_err(|e| StoreError::Invalid(format!("cannot read the TLS {what} {path:?}: {e}")))
+    };
+    let root_cert = parsed
+        .ca
+        .as_deref()
+        .map(|p| read("CA file", p))
+        .transpose()?;
+    let client_tls = match &parsed.client_cert {
+        Some((cert, key)) => Some(ClientTlsConfig {
+            client_cert: read("client certificate", cert)?,
+            client_key: read("client key", key)?,
+        }),
+        None => None,
+    };
+    Ok(Some(TlsCertificates {
+        client_tls,
+        root_cert,
+    }))
+}
+
+pub(super) fn is_auth_error(e: &RedisError) -> bool {
+    if e.kind() == ErrorKind::AuthenticationFailed {
+        return true;
+    }
+    let s = e.to_string();
+    s.contains("WRONGPASS") || s.contains("NOAUTH") || s.contains("invalid password")
+}
+
+pub(super) fn map_err(e: RedisError) -> StoreError {
+    if e.is_timeout() {
+        return StoreError::Timeout(0);
+    }
+    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+        return StoreError::Unavailable(e.to_string());
+    }
+    match e.kind() {
+        ErrorKind::Server(
+            ServerErrorKind::ClusterDown
+            | ServerErrorKind::TryAgain
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::BusyLoading
+            | ServerErrorKind::ReadOnly,
+        ) => StoreError::Unavailable(e.to_string()),
+        ErrorKind::Server(ServerErrorKind::CrossSlot) => StoreError::Invalid(e.to_string()),
+        _ if e.is_cluster_error() => StoreError::Unavailable(e.to_string()),
+        _ => StoreError::Backend(e.to_string()),
     }
 }
