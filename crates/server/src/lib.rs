@@ -133,22 +133,11 @@ pub async fn run(
     listeners: Listeners,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ServeError> {
-    let (connections, grpc) = listener_limits(&config);
-    run_with_limits(config, listeners, connections, grpc, shutdown).await
-}
-
-/// [`run`] with these connection and gRPC limits in place of the configuration's.
-pub async fn run_with_limits(
-    config: Config,
-    listeners: Listeners,
-    connections: limits::ConnectionLimits,
-    grpc: limits::GrpcLimits,
-    shutdown: impl Future<Output = ()> + Send,
-) -> Result<(), ServeError> {
+    let limits = listener_limits(&config);
     let limiter = state::build_limiter(&config).await?;
     let grace = config.server.shutdown_grace;
     let shared = Shared::new(config, limiter);
-    run_shared(shared, listeners, (connections, grpc), shutdown, grace).await
+    run_shared(shared, listeners, limits, shutdown, grace).await
 }
 
 async fn run_shared(
@@ -254,9 +243,12 @@ async fn run_shared(
     }
 }
 
-/// The connection and gRPC limits of `config`.
-fn listener_limits(_config: &Config) -> (limits::ConnectionLimits, limits::GrpcLimits) {
-    (Default::default(), Default::default())
+/// The connection and gRPC limits of `config` (`[server]`).
+fn listener_limits(config: &Config) -> (limits::ConnectionLimits, limits::GrpcLimits) {
+    (
+        config.server.connections.clone(),
+        config.server.grpc_limits.clone(),
+    )
 }
 
 /// Resolves on SIGTERM or ctrl-c.

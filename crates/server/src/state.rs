@@ -177,4 +177,12 @@ fn describe_metrics() {
         "sluice_proxy_requests_total",
         "Proxied requests by route and status class"
     );
+    metrics::describe_counter!(
+        "sluice_connections_rejected_total",
+        "Connections refused or closed by the connection limits, by listener and reason (global, per_ip, reserve_only, accept_error, header_timeout, body_timeout, idle)"
+    );
+    metrics::describe_gauge!(
+        "sluice_connections_open",
+        "Client connections open now, by listener"
+    );
 }

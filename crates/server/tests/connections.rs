@@ -49,18 +49,14 @@ async fn serve(connections: ConnectionLimits, grpc: GrpcLimits) -> Server {
     let any: SocketAddr = "127.0.0.1:0".parse().unwrap();
     config.server.http = any;
     config.server.grpc = any;
+    config.server.connections = connections;
+    config.server.grpc_limits = grpc;
     let listeners = Listeners::bind(&config).await.unwrap();
     let addrs = listeners.addrs();
     let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(sluice_server::run_with_limits(
-        config,
-        listeners,
-        connections,
-        grpc,
-        async move {
-            let _ = rx.await;
-        },
-    ));
+    let task = tokio::spawn(sluice_server::run(config, listeners, async move {
+        let _ = rx.await;
+    }));
     Server {
         addrs,
         stop: Some(tx),
