@@ -2,10 +2,13 @@
 //! (`token-bucket:capacity=10,rate=5/s`).
 
 use clap::Args;
+use sluice_core::algorithm::{AlgorithmKind, Param, ParamError, Params};
 use sluice_core::policy::parse_duration_ms;
 use sluice_core::{Algorithm, LeakyMode, Rate};
 
-/// Which algorithm and parameters, as command-line flags.
+/// Which algorithm and parameters, as command-line flags. The names, aliases and the
+/// parameters each algorithm takes come from [`sluice_core::algorithm::registry`]: a flag the
+/// algorithm does not take is an error, as it is in the config file.
 #[derive(Debug, Clone, Args)]
 pub struct PolicyArgs {
     /// token-bucket, gcra, leaky-bucket, fixed-window, sliding-counter, sliding-log, concurrency.
@@ -17,84 +20,73 @@ pub struct PolicyArgs {
     /// Rate such as 5/s, 300/min, 10/2s (token-bucket, leaky-bucket, gcra).
     #[arg(long)]
     pub rate: Option<String>,
-    /// Extra requests beyond the steady rate (gcra).
+    /// Extra requests beyond the steady rate (gcra; default 0).
     #[arg(long)]
     pub burst: Option<u64>,
     /// Limit per window, or concurrent leases (fixed-window, sliding-counter, sliding-log, concurrency).
     #[arg(long)]
     pub limit: Option<u64>,
-    /// Window such as 10s, 1m, 500ms.
+    /// Window such as 10s, 1m, 500ms (fixed-window, sliding-counter, sliding-log).
     #[arg(long)]
     pub window: Option<String>,
-    /// Leaky bucket mode: policing or shaping.
-    #[arg(long, default_value = "policing")]
-    pub mode: String,
-    /// Concurrency lease timeout.
-    #[arg(long, default_value = "30s")]
-    pub lease: String,
-}
-
-fn need<T>(v: Option<T>, flag: &str, alg: &str) -> Result<T, String> {
-    v.ok_or_else(|| format!("{alg} needs --{flag}"))
+    /// Leaky bucket mode: policing (default) or shaping.
+    #[arg(long)]
+    pub mode: Option<String>,
+    /// Concurrency lease timeout (default 30s).
+    #[arg(long)]
+    pub lease: Option<String>,
 }
 
 impl PolicyArgs {
     /// The algorithm these flags describe.
     pub fn algorithm(&self) -> Result<Algorithm, String> {
-        let a = self.algorithm.as_str();
-        let rate = |r: &Option<String>| -> Result<Rate, String> {
-            need(r.as_deref(), "rate", a)?
-                .parse::<Rate>()
+        let kind: AlgorithmKind = self
+            .algorithm
+            .parse()
+            .map_err(|e: sluice_core::algorithm::UnknownAlgorithm| e.to_string())?;
+        let given = [
+            (Param::Capacity, self.capacity.is_some()),
+            (Param::Rate, self.rate.is_some()),
+            (Param::Burst, self.burst.is_some()),
+            (Param::Limit, self.limit.is_some()),
+            (Param::Window, self.window.is_some()),
+            (Param::Mode, self.mode.is_some()),
+            (Param::Lease, self.lease.is_some()),
+        ];
+        for (param, is_given) in given {
+            if is_given {
+                kind.check_param(param).map_err(|e| e.to_string())?;
+            }
+        }
+        let duration = |v: &Option<String>| -> Result<Option<u64>, String> {
+            v.as_deref()
+                .map(parse_duration_ms)
+                .transpose()
                 .map_err(|e| e.to_string())
         };
-        let window = || -> Result<u64, String> {
-            parse_duration_ms(need(self.window.as_deref(), "window", a)?).map_err(|e| e.to_string())
+        let params = Params {
+            capacity: self.capacity,
+            rate: self
+                .rate
+                .as_deref()
+                .map(str::parse::<Rate>)
+                .transpose()
+                .map_err(|e| e.to_string())?,
+            burst: self.burst,
+            limit: self.limit,
+            window_ms: duration(&self.window)?,
+            mode: self
+                .mode
+                .as_deref()
+                .map(str::parse::<LeakyMode>)
+                .transpose()
+                .map_err(|e| e.to_string())?,
+            lease_ms: duration(&self.lease)?,
         };
-        let alg = match a {
-            "token-bucket" | "tb" => Algorithm::TokenBucket {
-                capacity: need(self.capacity, "capacity", a)?,
-                rate: rate(&self.rate)?,
-            },
-            "gcra" => Algorithm::Gcra {
-                rate: rate(&self.rate)?,
-                burst: self.burst.unwrap_or(0),
-            },
-            "leaky-bucket" | "lb" => Algorithm::LeakyBucket {
-                capacity: need(self.capacity, "capacity", a)?,
-                rate: rate(&self.rate)?,
-                mode: match self.mode.as_str() {
-                    "policing" => LeakyMode::Policing,
-                    "shaping" => LeakyMode::Shaping,
-                    m => {
-                        return Err(format!(
-                            "unknown leaky-bucket mode {m:?}: expected policing or shaping"
-                        ));
-                    }
-                },
-            },
-            "fixed-window" | "fw" => Algorithm::FixedWindow {
-                limit: need(self.limit, "limit", a)?,
-                window_ms: window()?,
-            },
-            "sliding-counter" | "sliding-window-counter" => Algorithm::SlidingWindowCounter {
-                limit: need(self.limit, "limit", a)?,
-                window_ms: window()?,
-            },
-            "sliding-log" | "sliding-window-log" | "sw" => Algorithm::SlidingWindowLog {
-                limit: need(self.limit, "limit", a)?,
-                window_ms: window()?,
-            },
-            "concurrency" => Algorithm::Concurrency {
-                limit: need(self.limit, "limit", a)?,
-                lease_ms: parse_duration_ms(&self.lease).map_err(|e| e.to_string())?,
-            },
-            other => {
-                return Err(format!(
-                    "unknown algorithm {other:?}: expected token-bucket, gcra, leaky-bucket, fixed-window, \
-                     sliding-counter, sliding-log or concurrency"
-                ));
-            }
-        };
+        let alg = kind.build(&params).map_err(|errors| match errors[0] {
+            ParamError::Needs { algorithm, param } => format!("{algorithm} needs --{param}"),
+            e => e.to_string(),
+        })?;
         alg.validate().map_err(|e| e.to_string())?;
         Ok(alg)
     }
@@ -110,8 +102,8 @@ pub fn parse_spec(spec: &str) -> Result<Algorithm, String> {
         burst: None,
         limit: None,
         window: None,
-        mode: "policing".into(),
-        lease: "30s".into(),
+        mode: None,
+        lease: None,
     };
     for kv in params.split(',').filter(|s| !s.trim().is_empty()) {
         let (k, v) = kv
@@ -128,8 +120,8 @@ pub fn parse_spec(spec: &str) -> Result<Algorithm, String> {
             "limit" => args.limit = Some(num()?),
             "rate" => args.rate = Some(v.to_string()),
             "window" => args.window = Some(v.to_string()),
-            "mode" => args.mode = v.to_string(),
-            "lease" => args.lease = v.to_string(),
+            "mode" => args.mode = Some(v.to_string()),
+            "lease" => args.lease = Some(v.to_string()),
             other => return Err(format!("unknown parameter {other:?} in {spec:?}")),
         }
     }
@@ -162,5 +154,20 @@ mod tests {
                 .contains("--rate")
         );
         assert!(parse_spec("nope:limit=1").is_err());
+        assert_eq!(
+            parse_spec("tb:capacity=2,rate=1/s").unwrap().kind(),
+            "token-bucket"
+        );
+        assert_eq!(
+            parse_spec("gcra:rate=1/s,capacity=4").unwrap_err(),
+            "gcra takes no capacity (it takes rate, burst)"
+        );
+        assert_eq!(
+            parse_spec("concurrency:limit=2").unwrap(),
+            Algorithm::Concurrency {
+                limit: 2,
+                lease_ms: 30_000
+            }
+        );
     }
 }
