@@ -1,4 +1,9 @@
-//! Work in progress.
+//! `sluice-testkit`: what the workspace's tests share.
+//!
+//! - [`servers`]: real Redis, Valkey, Cluster, TLS and Sentinel servers on free loopback
+//!   ports, so store tests run against the real thing, never a mock.
+//! - [`conformance`]: the store conformance suite, one set of cases every
+//!   [`sluice_core::Store`] must pass, stamped out per backend by [`store_conformance_tests!`].
 #![forbid(unsafe_code)]
 
 pub mod servers;
