@@ -114,6 +114,21 @@ async fn closed_within(s: &mut TcpStream, within: Duration) -> Option<(Duration,
     }
 }
 
+/// The Prometheus text of the server's `/metrics`.
+async fn metrics_text(addr: SocketAddr) -> String {
+    reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// Opens `n` connections that send nothing.
 async fn hold(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
     let mut held = Vec::with_capacity(n);
@@ -186,6 +201,9 @@ async fn slowloris_heads_are_closed_after_the_header_read_timeout() {
         status_of(s.addrs.http, "GET", "/healthz", "").await,
         Some(200)
     );
+    let metrics = metrics_text(s.addrs.http).await;
+    let needle = r#"sluice_connections_rejected_total{listener="http",reason="header_timeout"}"#;
+    assert!(metrics.contains(needle), "{needle} missing from /metrics");
     s.stop().await;
 }
 
@@ -213,6 +231,9 @@ async fn idle_keep_alive_connections_are_closed_after_the_idle_timeout() {
         took >= Duration::from_millis(200),
         "closed too early: {took:?}"
     );
+    let metrics = metrics_text(s.addrs.http).await;
+    let needle = r#"sluice_connections_rejected_total{listener="http",reason="idle"}"#;
+    assert!(metrics.contains(needle), "{needle} missing from /metrics");
     s.stop().await;
 }
 
@@ -275,6 +296,9 @@ async fn a_stalled_body_ends_with_408() {
         status_of(s.addrs.http, "POST", "/v1/check", CHECK).await,
         Some(200)
     );
+    let metrics = metrics_text(s.addrs.http).await;
+    let needle = r#"sluice_connections_rejected_total{listener="http",reason="body_timeout"}"#;
+    assert!(metrics.contains(needle), "{needle} missing from /metrics");
     s.stop().await;
 }
 
@@ -315,17 +339,7 @@ async fn at_the_connection_cap_health_still_answers_and_checks_resume_after() {
         status_of(s.addrs.http, "POST", "/v1/check", CHECK).await,
         Some(200)
     );
-    let metrics = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(format!("http://{}/metrics", s.addrs.http))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = metrics_text(s.addrs.http).await;
     for needle in [
         r#"sluice_connections_rejected_total{listener="http",reason="reserve_only"}"#,
         r#"sluice_connections_rejected_total{listener="http",reason="global"}"#,
@@ -358,6 +372,9 @@ async fn the_per_ip_cap_refuses_extra_connections() {
         status_of(s.addrs.http, "GET", "/healthz", "").await,
         Some(200)
     );
+    let metrics = metrics_text(s.addrs.http).await;
+    let needle = r#"sluice_connections_rejected_total{listener="http",reason="per_ip"}"#;
+    assert!(metrics.contains(needle), "{needle} missing from /metrics");
     s.stop().await;
 }
 
