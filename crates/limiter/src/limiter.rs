@@ -385,18 +385,13 @@ impl Limiter {
     /// algorithm the store runs there.
     fn plan(&self, identity: &Identity, policy: &Arc<Policy>, cost: u64) -> PlannedItem {
         let inner = &*self.inner;
-        let (key, algorithm) = if policy.shards > 1 {
+        let key = if policy.shards > 1 {
             let shard = rand::random_range(0..policy.shards);
-            (
-                inner.keys.shard_key(identity, &policy.name, Some(shard)),
-                policy.algorithm.per_shard(policy.shards),
-            )
+            inner.keys.shard_key(identity, &policy.name, Some(shard))
         } else {
-            (
-                inner.keys.key(identity, &policy.name),
-                policy.algorithm.clone(),
-            )
+            inner.keys.key(identity, &policy.name)
         };
+        let algorithm = policy.shard_algorithm();
         PlannedItem {
             shadow: inner.global_shadow || policy.shadow,
             result: LimitResult {

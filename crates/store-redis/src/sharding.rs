@@ -14,7 +14,8 @@
 
 use sluice_core::Algorithm;
 
-/// The algorithm each of `n` shards runs (see the module docs for the rounding).
+/// The algorithm each of `n` shards runs (see the module docs for the rounding); for a whole
+/// policy, [`sluice_core::Policy::shard_algorithm`] gives the same from its `shards`.
 pub fn shard_algorithm(algorithm: &Algorithm, n: u32) -> Algorithm {
     algorithm.per_shard(n)
 }
