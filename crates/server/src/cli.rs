@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::Args;
 
-use crate::config::Config;
+use crate::config::{CheckOptions, Config, ListenerOverrides};
 use crate::{Listeners, ServeError};
 
 /// `sluice serve`.
@@ -26,6 +26,9 @@ pub struct ServeArgs {
     /// Reverse proxy listener (used when routes are configured); overrides server.proxy.
     #[arg(long, value_name = "ADDR")]
     pub proxy: Option<SocketAddr>,
+    /// Separate admin listener (`/metrics`, `/admin/*`); overrides server.admin.
+    #[arg(long, value_name = "ADDR")]
+    pub admin: Option<SocketAddr>,
 }
 
 /// `sluice validate`.
@@ -34,6 +37,10 @@ pub struct ValidateArgs {
     /// The configuration file to check.
     #[arg(long, short = 'c')]
     pub config: PathBuf,
+    /// Check the file without its secrets: an `env:NAME` whose variable is unset is not an
+    /// error (for CI or a workstation without the production environment).
+    #[arg(long)]
+    pub no_secrets: bool,
 }
 
 /// Loads the configuration `args` name, with the listener flags applied.
@@ -42,15 +49,12 @@ pub fn load(args: &ServeArgs) -> Result<Config, ServeError> {
         Some(path) => Config::load(path)?,
         None => Config::parse("", "<defaults>", None)?,
     };
-    if let Some(a) = args.http {
-        config.server.http = a;
-    }
-    if let Some(a) = args.grpc {
-        config.server.grpc = a;
-    }
-    if let Some(a) = args.proxy {
-        config.server.proxy = a;
-    }
+    config.override_listeners(ListenerOverrides {
+        http: args.http,
+        grpc: args.grpc,
+        proxy: args.proxy,
+        admin: args.admin,
+    });
     Ok(config)
 }
 
@@ -61,20 +65,32 @@ pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     crate::run(config, listeners, crate::shutdown_signal()).await
 }
 
+/// `1 policy`, `2 policies`.
+pub fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// The line `sluice validate` prints for a valid file.
+pub fn summary(file: &std::path::Path, c: &Config) -> String {
+    format!(
+        "{}: ok ({}, {}, {}, store {})",
+        file.display(),
+        plural(c.policies.len(), "policy", "policies"),
+        plural(c.routes.len(), "route", "routes"),
+        plural(c.domains.names().count(), "Envoy domain", "Envoy domains"),
+        sluice::url::redact(&c.store.url)
+    )
+}
+
 /// Runs `sluice validate`: prints each error as `FILE:LINE: field: message` on stderr and
 /// exits 1, or prints a summary and exits 0.
 pub fn validate(args: ValidateArgs) -> ExitCode {
-    match Config::load(&args.config) {
+    let options = CheckOptions {
+        skip_env_secrets: args.no_secrets,
+    };
+    match Config::load_with(&args.config, options) {
         Ok(c) => {
-            let domains = c.domains.names().count();
-            println!(
-                "{}: ok ({} policies, {} routes, {} Envoy domains, store {})",
-                args.config.display(),
-                c.policies.len(),
-                c.routes.len(),
-                domains,
-                sluice::url::redact(&c.store.url)
-            );
+            println!("{}", summary(&args.config, &c));
             ExitCode::SUCCESS
         }
         Err(errors) => {
@@ -82,10 +98,9 @@ pub fn validate(args: ValidateArgs) -> ExitCode {
                 eprintln!("{e}");
             }
             eprintln!(
-                "{}: {} error{}",
+                "{}: {}",
                 args.config.display(),
-                errors.0.len(),
-                if errors.0.len() == 1 { "" } else { "s" }
+                plural(errors.0.len(), "error", "errors")
             );
             ExitCode::from(1)
         }

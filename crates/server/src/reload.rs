@@ -1,9 +1,16 @@
 //! Reloading: on SIGHUP, when a watched file changes, or on `POST /admin/reload`.
 //!
 //! The new file is checked completely first; any error keeps the running configuration and is
-//! logged line by line (`FILE:LINE: field: message`). The limiter, and with it the state of the
-//! embedded store, carries over unless the store settings changed. Listener addresses cannot
-//! change without a restart; a reload that changes them logs so.
+//! logged line by line (`FILE:LINE: field: message`). A file that checks but looks like an
+//! accident is refused too, because installing it would silently switch limiting off: an
+//! empty file (an editor or deploy tool caught mid-write), or one with no policies and no
+//! Envoy domains while the running configuration has some (a truncated file). Both outcomes
+//! are logged, counted in `sluice_config_reloads_total{result="error"|"refused"}` and answered
+//! as an error by `POST /admin/reload`.
+//!
+//! The limiter, and with it the state of the embedded store, carries over unless the store
+//! settings changed. Listener addresses cannot change without a restart; a reload that changes
+//! them logs so, comparing against the addresses in use (flag overrides included).
 //!
 //! Changes are found by polling modification times and sizes (every `server.reload_poll`),
 //! which also works on network file systems and with editors that replace files.
@@ -11,7 +18,8 @@
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-use crate::config::Config;
+use crate::cli::plural;
+use crate::config::{self, CheckOptions, Config};
 use crate::state::{Shared, build_limiter};
 
 /// Reloads the configuration from its file. Returns the new generation, or the errors (the
@@ -24,33 +32,46 @@ pub async fn reload(shared: &Shared, trigger: &str) -> Result<u64, Vec<String>> 
             "this server was started without a configuration file".into(),
         ]);
     };
-    let fail = |errors: Vec<String>| {
+    let fail = |result: &'static str, errors: Vec<String>| {
         for e in &errors {
-            tracing::error!(
+            tracing::warn!(
                 trigger,
+                result,
                 "config reload rejected, keeping the running configuration: {e}"
             );
         }
-        metrics::counter!("sluice_config_reloads_total", "result" => "error").increment(1);
+        metrics::counter!("sluice_config_reloads_total", "result" => result).increment(1);
         Err(errors)
     };
-    let config = match Config::load(&path) {
-        Ok(c) => c,
-        Err(e) => return fail(e.0.iter().map(ToString::to_string).collect()),
+    let src = match config::read(&path) {
+        Ok(s) => s,
+        Err(e) => return fail("error", e.0.iter().map(ToString::to_string).collect()),
     };
+    let mut config = match Config::from_file_text(&path, &src, CheckOptions::default()) {
+        Ok(c) => c,
+        Err(e) => return fail("error", e.0.iter().map(ToString::to_string).collect()),
+    };
+    if let Some(reason) = refusal(&src, &current.config, &config) {
+        return fail(
+            "refused",
+            vec![format!(
+                "{}: {reason}; write the new file next to it and rename it into place",
+                path.display()
+            )],
+        );
+    }
+    config.override_listeners(current.config.listener_overrides);
     let limiter = if config.store_identity() == current.config.store_identity() {
         current.limiter.clone()
     } else {
         match build_limiter(&config).await {
             Ok(l) => l,
-            Err(e) => return fail(vec![format!("{}: store: {e}", path.display())]),
+            Err(e) => return fail("error", vec![format!("{}: store: {e}", path.display())]),
         }
     };
-    let old = &current.config.server;
-    let new = &config.server;
-    if (old.http, old.grpc, old.proxy) != (new.http, new.grpc, new.proxy) {
+    for change in listener_changes(&current.config, &config) {
         tracing::warn!(
-            "listener addresses changed in {}; they take effect at the next restart",
+            "{}: {change} changed; it takes effect at the next restart",
             path.display()
         );
     }
@@ -66,6 +87,61 @@ pub async fn reload(shared: &Shared, trigger: &str) -> Result<u64, Vec<String>> 
         "configuration reloaded"
     );
     Ok(generation)
+}
+
+/// Why a file that checks must still not replace the running configuration, if it must not.
+pub fn refusal(src: &str, running: &Config, new: &Config) -> Option<String> {
+    let blank = src
+        .lines()
+        .map(str::trim)
+        .all(|l| l.is_empty() || l.starts_with('#'));
+    if blank {
+        return Some("the file is empty (no settings at all), refusing it".into());
+    }
+    let limits = |c: &Config| c.policies.len() + c.domains.names().count();
+    if limits(new) == 0 && limits(running) > 0 {
+        return Some(format!(
+            "the file has no policies and no Envoy domains while the running configuration has {} \
+             and {} (a truncated or half-written file?), refusing it",
+            plural(running.policies.len(), "policy", "policies"),
+            plural(running.domains.names().count(), "domain", "domains"),
+        ));
+    }
+    // Checking already refuses a route naming a policy the file lacks; kept here so that a
+    // change to checking cannot let a route lose its limits silently.
+    for route in &new.routes {
+        if let Some(p) = route
+            .policies
+            .iter()
+            .find(|p| !new.policies.contains_key(*p))
+        {
+            return Some(format!(
+                "route {} uses policy {p:?}, which the file no longer defines, refusing it",
+                route.prefix
+            ));
+        }
+    }
+    None
+}
+
+/// The listeners whose address differs between the running and the new configuration (both
+/// with the command line's overrides applied).
+pub fn listener_changes(running: &Config, new: &Config) -> Vec<String> {
+    let (a, b) = (&running.server, &new.server);
+    let mut changes = Vec::new();
+    if a.http != b.http {
+        changes.push(format!("server.http ({} -> {})", a.http, b.http));
+    }
+    if a.grpc != b.grpc {
+        changes.push(format!("server.grpc ({} -> {})", a.grpc, b.grpc));
+    }
+    if a.proxy != b.proxy {
+        changes.push(format!("server.proxy ({} -> {})", a.proxy, b.proxy));
+    }
+    if a.admin != b.admin {
+        changes.push(format!("server.admin ({:?} -> {:?})", a.admin, b.admin));
+    }
+    changes
 }
 
 fn stamp(paths: &[PathBuf]) -> Vec<Option<(SystemTime, u64)>> {

@@ -10,6 +10,7 @@ use sluice::core::policy::parse_duration_ms;
 use toml::Spanned;
 
 use super::error::Checker;
+use super::raw::{RawBytes, RawDuration};
 
 /// Reads a secret: `env:NAME` takes the value of an environment variable, anything else is
 /// the secret itself.
@@ -38,13 +39,14 @@ pub(super) fn hex32(s: &str) -> Result<[u8; 32], String> {
     Ok(out)
 }
 
-/// `open` or `closed`.
+/// `open`, `closed` or `local`.
 pub(super) fn failure_mode(s: &str) -> Result<FailureMode, String> {
     match s {
         "open" => Ok(FailureMode::Open),
         "closed" => Ok(FailureMode::Closed),
+        "local" => Ok(FailureMode::Local),
         other => Err(format!(
-            "unknown failure mode {other:?}: expected open or closed"
+            "unknown failure mode {other:?}: expected open, closed or local"
         )),
     }
 }
@@ -99,10 +101,50 @@ impl Checker<'_> {
         }
     }
 
+    /// A number in `0..=max` (zero allowed, meaning "derived" or "off" as the field says).
+    pub(super) fn count(
+        &mut self,
+        v: &Option<Spanned<u64>>,
+        field: &str,
+        default: u64,
+        max: u64,
+    ) -> u64 {
+        match v {
+            None => default,
+            Some(n) if *n.get_ref() > max => {
+                self.at(n.span(), field, format!("must be between 0 and {max}"));
+                default
+            }
+            Some(n) => *n.get_ref(),
+        }
+    }
+
+    /// A size in bytes in `min..=max`, or `default` when absent.
+    pub(super) fn bytes(
+        &mut self,
+        v: &Option<Spanned<RawBytes>>,
+        field: &str,
+        default: u64,
+        (min, max): (u64, u64),
+    ) -> u64 {
+        match v {
+            None => default,
+            Some(n) if n.get_ref().0 < min || n.get_ref().0 > max => {
+                self.at(
+                    n.span(),
+                    field,
+                    format!("must be between {min} and {max} bytes"),
+                );
+                default
+            }
+            Some(n) => n.get_ref().0,
+        }
+    }
+
     /// A duration, or `default` when absent.
     pub(super) fn duration(
         &mut self,
-        v: &Option<Spanned<String>>,
+        v: &Option<Spanned<RawDuration>>,
         field: &str,
         default: Duration,
     ) -> Duration {
@@ -112,6 +154,57 @@ impl Checker<'_> {
                 self.at(s.span(), field, e);
                 default
             }),
+        }
+    }
+
+    /// A duration above zero, or `default` when absent.
+    pub(super) fn positive_duration(
+        &mut self,
+        v: &Option<Spanned<RawDuration>>,
+        field: &str,
+        default: Duration,
+    ) -> Duration {
+        let d = self.duration(v, field, default);
+        match v {
+            Some(s) if d.is_zero() => {
+                self.at(s.span(), field, "must be above 0");
+                default
+            }
+            _ => d,
+        }
+    }
+
+    /// Reads a secret; with [`Checker::skip_env_secrets`] an unset `env:NAME` answers a
+    /// placeholder naming the variable instead of an error.
+    pub(super) fn resolve_secret(&self, s: &str) -> Result<String, String> {
+        match (secret(s), s.strip_prefix("env:")) {
+            (Err(_), Some(var)) if self.skip_env_secrets => Ok(format!("<unset {var}>")),
+            (r, _) => r,
+        }
+    }
+
+    /// A secret (`env:NAME` or the value itself) that must not be empty when given.
+    pub(super) fn secret(
+        &mut self,
+        v: &Option<Spanned<String>>,
+        field: &str,
+        omit: &str,
+    ) -> Option<String> {
+        let t = v.as_ref()?;
+        match self.resolve_secret(t.get_ref()) {
+            Ok(v) if v.is_empty() => {
+                self.at(
+                    t.span(),
+                    field,
+                    format!("must not be empty (omit it to {omit})"),
+                );
+                None
+            }
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.at(t.span(), field, e);
+                None
+            }
         }
     }
 }

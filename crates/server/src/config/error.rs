@@ -14,7 +14,8 @@ pub struct ConfigError {
     pub file: String,
     /// The 1-based line, when the problem has a place.
     pub line: Option<usize>,
-    /// The field, as a dotted path (`policies.api.rate`).
+    /// The field, as a dotted path (`policies.api.rate`); empty when the problem is the file
+    /// itself.
     pub field: String,
     /// What is wrong.
     pub message: String,
@@ -24,6 +25,7 @@ impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.line {
             Some(l) => write!(f, "{}:{}: {}: {}", self.file, l, self.field, self.message),
+            None if self.field.is_empty() => write!(f, "{}: {}", self.file, self.message),
             None => write!(f, "{}: {}: {}", self.file, self.field, self.message),
         }
     }
@@ -139,6 +141,9 @@ pub(super) struct Checker<'a> {
     pub(super) src: &'a str,
     pub(super) file: &'a str,
     pub(super) errors: Vec<ConfigError>,
+    /// `sluice validate --no-secrets`: an `env:` secret whose variable is unset is not an
+    /// error (the file is checked on a machine without the production environment).
+    pub(super) skip_env_secrets: bool,
 }
 
 impl<'a> Checker<'a> {
@@ -147,6 +152,7 @@ impl<'a> Checker<'a> {
             src,
             file,
             errors: Vec::new(),
+            skip_env_secrets: false,
         }
     }
 

@@ -42,10 +42,13 @@ use sluice_http::headers::HeaderOptions;
 use sluice_http::{IdentitySource as LayerSource, TrustedProxies};
 
 use crate::descriptors::Domains;
+use crate::limits::{ConnectionLimits, GrpcLimits};
 
 pub use envoy::load_domain_yaml;
 pub use error::{ConfigError, ConfigErrors, field_at, line_of};
 pub use identity::IdentitySource;
+pub use routes::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT};
+pub use store::DEFAULT_MAX_MEMORY;
 
 /// Default HTTP listener (decision API, metrics, health).
 pub const DEFAULT_HTTP: &str = "127.0.0.1:8080";
@@ -87,6 +90,8 @@ pub struct ServerConfig {
     pub grpc: SocketAddr,
     /// Reverse proxy (used when routes exist).
     pub proxy: SocketAddr,
+    /// A separate listener for `/metrics` and `/admin/*` (none: they are served on `http`).
+    pub admin: Option<SocketAddr>,
     /// Largest request body of the decision API.
     pub max_body_bytes: usize,
     /// Most policies in one `/v1/check`.
@@ -95,10 +100,19 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// How often to look at the file's modification time (zero: only SIGHUP).
     pub reload_poll: Duration,
+    /// Timeouts, head size and connection caps of the HTTP listeners.
+    pub connections: ConnectionLimits,
+    /// Keep-alive, streams and timeout of the gRPC listener.
+    pub grpc_limits: GrpcLimits,
+    /// Token required by the decision API (`/v1/*`); none means open.
+    pub api_token: Option<String>,
+    /// Serve `/metrics` and `/admin/*` on a non-loopback address without `admin_token`
+    /// (refused unless this explicit override is set).
+    pub public_admin_without_token: bool,
 }
 
 /// The store.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StoreConfig {
     /// `memory`, `redis://...`, `rediss://...`, `redis+cluster://...`.
     pub url: String,
@@ -108,17 +122,24 @@ pub struct StoreConfig {
     pub failure_mode: FailureMode,
     /// Embedded store: most keys tracked.
     pub max_keys: usize,
+    /// Embedded store: most bytes allocated before eviction.
+    pub max_memory: usize,
+    /// With `failure_mode = "local"`: the share of each policy's limit this instance grants on
+    /// its own while the store is unreachable (`0 < share <= 1`).
+    pub local_share: f64,
     /// Key prefix (`rl`).
     pub key_prefix: String,
 }
 
 /// The proxy's settings beyond its routes.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct ProxyConfig {
     /// Peers whose `X-Forwarded-For` is believed when finding the client address.
     pub trusted_proxies: TrustedProxies,
-    /// Largest time to wait for the upstream's response headers.
+    /// Largest time to wait for the upstream's response headers (none: no limit).
     pub upstream_timeout: Option<Duration>,
+    /// Largest time to wait for a TCP connection to the upstream.
+    pub connect_timeout: Duration,
 }
 
 /// A checked configuration.
@@ -151,47 +172,127 @@ pub struct Config {
     pub proxy: ProxyConfig,
     /// Envoy domains.
     pub domains: Arc<Domains>,
+    /// Listener addresses set by flags rather than the file.
+    pub listener_overrides: ListenerOverrides,
+}
+
+/// Listener addresses given on the command line, which win over the file's.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ListenerOverrides {
+    /// `--http`.
+    pub http: Option<SocketAddr>,
+    /// `--grpc`.
+    pub grpc: Option<SocketAddr>,
+    /// `--proxy`.
+    pub proxy: Option<SocketAddr>,
+    /// `--admin`.
+    pub admin: Option<SocketAddr>,
+}
+
+/// How a file is checked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CheckOptions {
+    /// Accept `env:NAME` secrets whose variable is unset (`sluice validate --no-secrets`), so a
+    /// file can be checked away from the environment it runs in. Never used to serve.
+    pub skip_env_secrets: bool,
 }
 
 impl Config {
     /// Reads and checks a file.
     pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        Self::load_with(path, CheckOptions::default())
+    }
+
+    /// Reads and checks a file with `options`.
+    pub fn load_with(path: &Path, options: CheckOptions) -> Result<Config, ConfigErrors> {
+        let src = read(path)?;
+        Self::from_file_text(path, &src, options)
+    }
+
+    /// Checks `src`, the text just read from `path` (relative Envoy files resolve next to it).
+    pub fn from_file_text(
+        path: &Path,
+        src: &str,
+        options: CheckOptions,
+    ) -> Result<Config, ConfigErrors> {
         let name = path.display().to_string();
-        let src = std::fs::read_to_string(path).map_err(|e| {
-            ConfigErrors(vec![ConfigError {
-                file: name.clone(),
-                line: None,
-                field: "-".into(),
-                message: e.to_string(),
-            }])
-        })?;
-        let mut c = parse(&src, &name, path.parent())?;
+        let mut c = parse(src, &name, path.parent(), options)?;
         c.path = Some(path.to_path_buf());
         c.watched.insert(0, path.to_path_buf());
         Ok(c)
     }
 
+    /// Replaces listener addresses with command-line flags, and remembers them so a reload
+    /// keeps them (the file's addresses do not apply while a flag overrides them).
+    pub fn override_listeners(&mut self, flags: ListenerOverrides) {
+        let o = &mut self.listener_overrides;
+        for (flag, addr, kept) in [
+            (flags.http, &mut self.server.http, &mut o.http),
+            (flags.grpc, &mut self.server.grpc, &mut o.grpc),
+            (flags.proxy, &mut self.server.proxy, &mut o.proxy),
+        ] {
+            if let Some(a) = flag {
+                *addr = a;
+                *kept = Some(a);
+            }
+        }
+        if let Some(a) = flags.admin {
+            self.server.admin = Some(a);
+            o.admin = Some(a);
+        }
+    }
+
     /// Checks configuration text; `dir` resolves relative Envoy file paths.
     pub fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErrors> {
-        parse(src, file, dir)
+        parse(src, file, dir, CheckOptions::default())
+    }
+
+    /// [`Config::parse`] with `options`.
+    pub fn parse_with(
+        src: &str,
+        file: &str,
+        dir: Option<&Path>,
+        options: CheckOptions,
+    ) -> Result<Config, ConfigErrors> {
+        parse(src, file, dir, options)
     }
 
     /// The settings that need a new store connection when they change.
-    pub fn store_identity(&self) -> (String, Duration, usize, String) {
+    pub fn store_identity(&self) -> (String, Duration, usize, usize, u64, String) {
         (
             self.store.url.clone(),
             self.store.timeout,
             self.store.max_keys,
+            self.store.max_memory,
+            self.store.local_share.to_bits(),
             self.store.key_prefix.clone(),
         )
     }
 }
 
+/// The text of a configuration file; a file that cannot be read is named in the error.
+pub fn read(path: &Path) -> Result<String, ConfigErrors> {
+    std::fs::read_to_string(path).map_err(|e| {
+        ConfigErrors(vec![ConfigError {
+            file: path.display().to_string(),
+            line: None,
+            field: String::new(),
+            message: format!("cannot read the configuration file: {e}"),
+        }])
+    })
+}
+
 /// Both passes over one file: serde, then one check per section. Every error is collected,
 /// sorted by line.
-fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErrors> {
+fn parse(
+    src: &str,
+    file: &str,
+    dir: Option<&Path>,
+    options: CheckOptions,
+) -> Result<Config, ConfigErrors> {
     let raw: raw::RawConfig = toml::from_str(src).map_err(|e| error::from_toml(src, file, &e))?;
     let mut ck = error::Checker::new(src, file);
+    ck.skip_env_secrets = options.skip_env_secrets;
     let server = server::check_server(&mut ck, &raw);
     let store = store::check_store(&mut ck, &raw.store);
     let admin_token = server::check_admin_token(&mut ck, &raw);
@@ -224,5 +325,6 @@ fn parse(src: &str, file: &str, dir: Option<&Path>) -> Result<Config, ConfigErro
         routes,
         proxy,
         domains: Arc::new(envoy.domains),
+        listener_overrides: ListenerOverrides::default(),
     })
 }

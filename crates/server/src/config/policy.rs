@@ -14,7 +14,7 @@ use toml::Spanned;
 
 use super::check::failure_mode;
 use super::error::Checker;
-use super::raw::{RawConfig, RawPolicy};
+use super::raw::{RawConfig, RawDuration, RawPolicy};
 use super::{IdentitySource, PolicyConfig};
 
 /// Checks every `[policies.NAME]`; the policies with errors are left out (and reported).
@@ -75,31 +75,34 @@ fn check_policy(
             }
         }
     };
-    let window =
-        |ck: &mut Checker<'_>, v: &Option<Spanned<String>>, k: &str, default: Option<u64>| -> u64 {
-            match (v, default) {
-                (Some(s), _) => match parse_duration_ms(s.get_ref()) {
-                    Ok(0) => {
-                        ck.at(s.span(), f(k), "must be above 0");
-                        1
-                    }
-                    Ok(ms) => ms,
-                    Err(e) => {
-                        ck.at(s.span(), f(k), e.to_string());
-                        1
-                    }
-                },
-                (None, Some(d)) => d,
-                (None, None) => {
-                    ck.at(
-                        header.clone(),
-                        f(k),
-                        format!("{alg_name} needs {k} (such as 10s, 1m)"),
-                    );
+    let window = |ck: &mut Checker<'_>,
+                  v: &Option<Spanned<RawDuration>>,
+                  k: &str,
+                  default: Option<u64>|
+     -> u64 {
+        match (v, default) {
+            (Some(s), _) => match parse_duration_ms(s.get_ref()) {
+                Ok(0) => {
+                    ck.at(s.span(), f(k), "must be above 0");
                     1
                 }
+                Ok(ms) => ms,
+                Err(e) => {
+                    ck.at(s.span(), f(k), e.to_string());
+                    1
+                }
+            },
+            (None, Some(d)) => d,
+            (None, None) => {
+                ck.at(
+                    header.clone(),
+                    f(k),
+                    format!("{alg_name} needs {k} (such as 10s, 1m)"),
+                );
+                1
             }
-        };
+        }
+    };
     let algorithm = match alg_name {
         "token-bucket" => Algorithm::TokenBucket {
             capacity: need_u64(ck, &r.capacity, "capacity"),

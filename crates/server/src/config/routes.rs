@@ -1,6 +1,8 @@
 //! `[[routes]]` and `[proxy]`: what the reverse proxy forwards where, and under which
 //! policies.
 
+use std::time::Duration;
+
 use sluice_http::TrustedProxies;
 
 use super::check::duration;
@@ -91,6 +93,11 @@ pub(super) fn check_routes(ck: &mut Checker<'_>, raw: &RawConfig) -> Vec<Route> 
     routes
 }
 
+/// How long the proxy waits for an upstream's response headers unless configured.
+pub const DEFAULT_UPSTREAM_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the proxy waits for a TCP connection to an upstream unless configured.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Checks `[proxy]`.
 pub(super) fn check_proxy(ck: &mut Checker<'_>, p: &RawProxy) -> ProxyConfig {
     let mut trusted = Vec::new();
@@ -106,20 +113,27 @@ pub(super) fn check_proxy(ck: &mut Checker<'_>, p: &RawProxy) -> ProxyConfig {
             );
         }
     }
-    let upstream_timeout = p
-        .upstream_timeout
-        .as_ref()
-        .and_then(|t| match duration(t.get_ref()) {
+    // On by default; `"0s"` turns it off.
+    let upstream_timeout = match &p.upstream_timeout {
+        None => Some(DEFAULT_UPSTREAM_TIMEOUT),
+        Some(t) => match duration(t.get_ref()) {
             Ok(d) if !d.is_zero() => Some(d),
             Ok(_) => None,
             Err(e) => {
                 ck.at(t.span(), "proxy.upstream_timeout", e);
-                None
+                Some(DEFAULT_UPSTREAM_TIMEOUT)
             }
-        });
+        },
+    };
+    let connect_timeout = ck.positive_duration(
+        &p.connect_timeout,
+        "proxy.connect_timeout",
+        DEFAULT_CONNECT_TIMEOUT,
+    );
     ProxyConfig {
         // Every entry parsed above, so this cannot fail.
         trusted_proxies: TrustedProxies::cidrs(&trusted).unwrap_or_default(),
         upstream_timeout,
+        connect_timeout,
     }
 }

@@ -1,20 +1,33 @@
-//! `[server]` (listeners and the service's own limits) and the top-level secrets
-//! (`admin_token`, `identity_hash_key`).
+//! `[server]` (listeners, the service's own limits, connection discipline, access tokens)
+//! and the top-level secrets (`admin_token`, `identity_hash_key`).
 
 use std::time::Duration;
 
-use super::check::{hex32, secret};
+use super::check::hex32;
 use super::error::Checker;
-use super::raw::RawConfig;
+use super::raw::{RawConfig, RawServer};
 use super::{DEFAULT_GRPC, DEFAULT_HTTP, DEFAULT_PROXY, ServerConfig};
+use crate::limits::{ConnectionLimits, GrpcLimits};
+
+/// Largest `max_header_bytes`: a request head beyond 1 MiB is an attack, not a request.
+const MAX_HEADER_BYTES_LIMIT: u64 = 1 << 20;
+/// Smallest `max_header_bytes` the HTTP/1 server accepts as a read buffer.
+const MIN_HEADER_BYTES: u64 = 8 * 1024;
+/// Largest connection count accepted by any of the connection caps.
+const MAX_CONNECTIONS_LIMIT: u64 = 10_000_000;
 
 /// Checks `[server]`.
 pub(super) fn check_server(ck: &mut Checker<'_>, raw: &RawConfig) -> ServerConfig {
     let s = &raw.server;
+    let admin = s
+        .admin
+        .as_ref()
+        .map(|_| ck.addr(&s.admin, "server.admin", DEFAULT_HTTP));
     ServerConfig {
         http: ck.addr(&s.http, "server.http", DEFAULT_HTTP),
         grpc: ck.addr(&s.grpc, "server.grpc", DEFAULT_GRPC),
         proxy: ck.addr(&s.proxy, "server.proxy", DEFAULT_PROXY),
+        admin,
         max_body_bytes: ck.bounded(
             &s.max_body_bytes,
             "server.max_body_bytes",
@@ -33,39 +46,119 @@ pub(super) fn check_server(ck: &mut Checker<'_>, raw: &RawConfig) -> ServerConfi
             Duration::from_secs(10),
         ),
         reload_poll: ck.duration(&s.reload_poll, "server.reload_poll", Duration::from_secs(2)),
+        connections: check_connections(ck, s),
+        grpc_limits: check_grpc_limits(ck, s),
+        api_token: ck.secret(&s.api_token, "server.api_token", "leave /v1/* open"),
+        public_admin_without_token: s.public_admin_without_token,
+    }
+}
+
+/// The connection discipline of the HTTP listeners.
+fn check_connections(ck: &mut Checker<'_>, s: &RawServer) -> ConnectionLimits {
+    let d = ConnectionLimits::default();
+    let limits = ConnectionLimits {
+        header_read_timeout: ck.positive_duration(
+            &s.header_read_timeout,
+            "server.header_read_timeout",
+            d.header_read_timeout,
+        ),
+        body_timeout: ck.positive_duration(&s.body_timeout, "server.body_timeout", d.body_timeout),
+        idle_timeout: ck.positive_duration(&s.idle_timeout, "server.idle_timeout", d.idle_timeout),
+        max_header_bytes: ck.bytes(
+            &s.max_header_bytes,
+            "server.max_header_bytes",
+            d.max_header_bytes as u64,
+            (MIN_HEADER_BYTES, MAX_HEADER_BYTES_LIMIT),
+        ) as usize,
+        max_connections: ck.count(
+            &s.max_connections,
+            "server.max_connections",
+            d.max_connections as u64,
+            MAX_CONNECTIONS_LIMIT,
+        ) as usize,
+        max_connections_per_ip: ck.count(
+            &s.max_connections_per_ip,
+            "server.max_connections_per_ip",
+            d.max_connections_per_ip as u64,
+            MAX_CONNECTIONS_LIMIT,
+        ) as usize,
+        reserve: ck.count(
+            &s.connection_reserve,
+            "server.connection_reserve",
+            d.reserve as u64,
+            MAX_CONNECTIONS_LIMIT,
+        ) as usize,
+    };
+    if limits.max_connections > 0
+        && limits.reserve >= limits.max_connections
+        && let Some(r) = &s.connection_reserve
+    {
+        ck.at(
+            r.span(),
+            "server.connection_reserve",
+            format!(
+                "must be below server.max_connections ({}), or nothing is left for ordinary requests",
+                limits.max_connections
+            ),
+        );
+    }
+    limits
+}
+
+/// The limits of the gRPC listener.
+fn check_grpc_limits(ck: &mut Checker<'_>, s: &RawServer) -> GrpcLimits {
+    let d = GrpcLimits::default();
+    GrpcLimits {
+        keepalive_interval: ck.positive_duration(
+            &s.grpc_keepalive_interval,
+            "server.grpc_keepalive_interval",
+            d.keepalive_interval,
+        ),
+        keepalive_timeout: ck.positive_duration(
+            &s.grpc_keepalive_timeout,
+            "server.grpc_keepalive_timeout",
+            d.keepalive_timeout,
+        ),
+        max_concurrent_streams: ck.bounded(
+            &s.grpc_max_concurrent_streams,
+            "server.grpc_max_concurrent_streams",
+            u64::from(d.max_concurrent_streams),
+            1_000_000,
+        ) as u32,
+        request_timeout: ck.positive_duration(
+            &s.grpc_request_timeout,
+            "server.grpc_request_timeout",
+            d.request_timeout,
+        ),
     }
 }
 
 /// Checks `admin_token`: absent means the admin endpoints are open.
 pub(super) fn check_admin_token(ck: &mut Checker<'_>, raw: &RawConfig) -> Option<String> {
-    let t = raw.admin_token.as_ref()?;
-    match secret(t.get_ref()) {
-        Ok(v) if v.is_empty() => {
-            ck.at(
-                t.span(),
-                "admin_token",
-                "must not be empty (omit it to leave admin endpoints open)",
-            );
-            None
-        }
-        Ok(v) => Some(v),
-        Err(e) => {
-            ck.at(t.span(), "admin_token", e);
-            None
-        }
-    }
+    ck.secret(
+        &raw.admin_token,
+        "admin_token",
+        "leave admin endpoints open",
+    )
 }
 
 /// Checks `identity_hash_key`: absent means the built-in key.
 pub(super) fn check_identity_hash_key(ck: &mut Checker<'_>, raw: &RawConfig) -> [u8; 32] {
-    match &raw.identity_hash_key {
-        None => sluice::core::key::default_hash_key(),
-        Some(k) => match secret(k.get_ref()).and_then(|v| hex32(&v)) {
-            Ok(key) => key,
-            Err(e) => {
-                ck.at(k.span(), "identity_hash_key", e);
-                sluice::core::key::default_hash_key()
-            }
-        },
+    let Some(k) = &raw.identity_hash_key else {
+        return sluice::core::key::default_hash_key();
+    };
+    let skipped = ck.skip_env_secrets
+        && k.get_ref()
+            .strip_prefix("env:")
+            .is_some_and(|v| std::env::var(v).is_err());
+    if skipped {
+        return sluice::core::key::default_hash_key();
+    }
+    match ck.resolve_secret(k.get_ref()).and_then(|v| hex32(&v)) {
+        Ok(key) => key,
+        Err(e) => {
+            ck.at(k.span(), "identity_hash_key", e);
+            sluice::core::key::default_hash_key()
+        }
     }
 }

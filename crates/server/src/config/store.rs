@@ -9,6 +9,11 @@ use super::check::failure_mode;
 use super::error::Checker;
 use super::raw::RawStore;
 
+/// The embedded store's default memory bound: 512 MiB.
+pub const DEFAULT_MAX_MEMORY: u64 = 512 << 20;
+/// Below 1 MiB the embedded store would evict nearly everything.
+const MIN_MAX_MEMORY: u64 = 1 << 20;
+
 /// Checks `[store]`.
 pub(super) fn check_store(ck: &mut Checker<'_>, st: &RawStore) -> StoreConfig {
     let url = match &st.url {
@@ -35,6 +40,24 @@ pub(super) fn check_store(ck: &mut Checker<'_>, st: &RawStore) -> StoreConfig {
             FailureMode::Open
         }),
     };
+    let local_share = match &st.local_share {
+        None => 1.0,
+        Some(v) if !(*v.get_ref() > 0.0 && *v.get_ref() <= 1.0) => {
+            ck.at(
+                v.span(),
+                "store.local_share",
+                "must be above 0 and at most 1 (the share of each policy's limit one instance grants on its own)",
+            );
+            1.0
+        }
+        Some(v) => *v.get_ref(),
+    };
+    let max_memory = ck.bytes(
+        &st.max_memory,
+        "store.max_memory",
+        DEFAULT_MAX_MEMORY,
+        (MIN_MAX_MEMORY, u64::MAX),
+    ) as usize;
     let max_keys = match &st.max_keys {
         None => 1_000_000,
         Some(n) if *n.get_ref() == 0 => {
@@ -61,6 +84,8 @@ pub(super) fn check_store(ck: &mut Checker<'_>, st: &RawStore) -> StoreConfig {
         timeout,
         failure_mode,
         max_keys,
+        max_memory,
+        local_share,
         key_prefix,
     }
 }

@@ -330,5 +330,8 @@ fn proxy_settings_are_typed_once() {
     );
     let d = Config::parse("", "sluice.toml", None).unwrap();
     assert!(!d.headers.legacy);
-    assert_eq!(d.proxy.trusted_proxies, sluice_http::TrustedProxies::Cidrs(vec![]));
+    assert_eq!(
+        d.proxy.trusted_proxies,
+        sluice_http::TrustedProxies::Cidrs(vec![])
+    );
 }
