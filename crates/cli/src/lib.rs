@@ -9,11 +9,13 @@
 //! - [`loadtest`]: a constant-arrival-rate HTTP driver with the arithmetic's prediction beside
 //!   the measured admitted count, and an SVG plot.
 //! - [`keyslot`]: Redis Cluster slots of keys.
+//! - [`logging`]: which log filter applies (`SLUICE_LOG`, then `RUST_LOG`) and when to colour.
 #![forbid(unsafe_code)]
 
 pub mod check;
 pub mod keyslot;
 pub mod loadtest;
+pub mod logging;
 pub mod plot;
 pub mod policy_args;
 pub mod race;

@@ -42,13 +42,7 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("SLUICE_LOG")
-                .unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    sluice_cli::logging::init();
     match cli.command {
         Command::Validate(args) => sluice_server::cli::validate(args),
         Command::Keyslot(args) => match keyslot::run(&args) {

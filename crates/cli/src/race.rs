@@ -77,7 +77,7 @@ pub async fn run(args: &RaceArgs) -> Result<RaceReport, String> {
     let mut policy = Policy::new("race", algorithm).map_err(|e| e.to_string())?;
     policy.failure_mode = FailureMode::Closed;
     let policy = Arc::new(policy);
-    let identity = Identity::new(tag);
+    let identity = Identity::new(tag.clone());
     let admitted = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
     let start = Arc::new(tokio::sync::Barrier::new(args.requests as usize));
@@ -102,6 +102,11 @@ pub async fn run(args: &RaceArgs) -> Result<RaceReport, String> {
     for t in tasks {
         t.await.map_err(|e| e.to_string())?;
     }
+    if let StoreUrl::Redis(u) = &url {
+        // The race's keys are the tool's own: leave nothing behind in the user's store.
+        let sluice_key = sluice::KeyScheme::default().key(&identity, &policy.name);
+        delete_keys(u, &[format!("{tag}:naive"), sluice_key]).await?;
+    }
     Ok(RaceReport {
         requests: args.requests,
         limit: args.limit,
@@ -118,6 +123,44 @@ fn rand_id() -> u64 {
     h.finish()
 }
 
+/// Deletes the race's keys (one `DEL` per key, so each can live on its own Cluster slot).
+async fn delete_keys(url: &str, keys: &[String]) -> Result<(), String> {
+    let cluster = url.starts_with("redis+cluster://") || url.starts_with("redis-cluster://");
+    let cleanup = |e: redis::RedisError| format!("cleaning up the race's keys: {e}");
+    if cluster {
+        let client = redis::cluster::ClusterClient::new(cluster_nodes(url)).map_err(cleanup)?;
+        let mut conn = client.get_async_connection().await.map_err(cleanup)?;
+        for key in keys {
+            let _: i64 = redis::cmd("DEL")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .map_err(cleanup)?;
+        }
+    } else {
+        let client = redis::Client::open(url).map_err(cleanup)?;
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .map_err(cleanup)?;
+        for key in keys {
+            let _: i64 = redis::cmd("DEL")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .map_err(cleanup)?;
+        }
+    }
+    Ok(())
+}
+
+/// The node list of a `redis+cluster://host:port,host:port` URL as plain `redis://` URLs.
+fn cluster_nodes(url: &str) -> Vec<String> {
+    url.split_once("://")
+        .map(|(_, rest)| rest.split(',').map(|h| format!("redis://{h}")).collect())
+        .unwrap_or_default()
+}
+
 /// The naive limiter on Redis: GET the counter, decide in the application, SET it back.
 async fn naive_redis(url: &str, key: &str, requests: u64, limit: u64) -> Result<u64, String> {
     let cluster = url.starts_with("redis+cluster://") || url.starts_with("redis-cluster://");
@@ -125,11 +168,8 @@ async fn naive_redis(url: &str, key: &str, requests: u64, limit: u64) -> Result<
     let start = Arc::new(tokio::sync::Barrier::new(requests as usize));
     let mut tasks = Vec::new();
     if cluster {
-        let nodes: Vec<String> = url
-            .split_once("://")
-            .map(|(_, rest)| rest.split(',').map(|h| format!("redis://{h}")).collect())
-            .unwrap_or_default();
-        let client = redis::cluster::ClusterClient::new(nodes).map_err(|e| e.to_string())?;
+        let client =
+            redis::cluster::ClusterClient::new(cluster_nodes(url)).map_err(|e| e.to_string())?;
         let conn = client
             .get_async_connection()
             .await
