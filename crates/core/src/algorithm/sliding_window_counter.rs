@@ -143,6 +143,24 @@ mod tests {
         );
     }
 
+    /// The documented worst case (`docs/algorithms.md`): 2L within one window of W ms, when L
+    /// arrive at the last millisecond of a window and L more near the end of the next.
+    #[test]
+    fn admits_up_to_twice_the_limit_across_a_boundary() {
+        let mut s = None;
+        let last_ms_of_window = T0 + 9_999_000;
+        for _ in 0..4 {
+            assert!(run(&mut s, last_ms_of_window, 1).allowed);
+        }
+        // 9_999 ms later, still inside one 10 s window: floor(4 * 2 / 10_000) = 0 of the
+        // previous window counts, so 4 more are admitted, and no fifth.
+        let later = last_ms_of_window + 9_999_000;
+        for _ in 0..4 {
+            assert!(run(&mut s, later, 1).allowed);
+        }
+        assert!(!run(&mut s, later, 1).allowed);
+    }
+
     #[test]
     fn cost_zero_peeks_and_oversized_cost_is_final() {
         let o = decide(None, 4, 10_000, T0, 0);
