@@ -176,11 +176,7 @@ impl LeaseToken {
                 if identity.is_some_and(|id| *id != parsed.identity) {
                     return Err(LeaseTokenError::OtherIdentity);
                 }
-                let algorithm = if p.shards > 1 {
-                    p.algorithm.per_shard(p.shards)
-                } else {
-                    p.algorithm.clone()
-                };
+                let algorithm = p.shard_algorithm();
                 if !matches!(algorithm, Algorithm::Concurrency { .. }) {
                     return Err(LeaseTokenError::NotConcurrency(l.policy.clone()));
                 }

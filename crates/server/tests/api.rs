@@ -680,3 +680,61 @@ shards = 4
     }
     s.stop().await;
 }
+
+#[tokio::test]
+async fn an_api_token_guards_the_decision_api() {
+    let s = start(
+        r#"
+[server]
+api_token = "t0ken-for-apps"
+
+[policies.burst]
+algorithm = "token-bucket"
+capacity = 3
+rate = "1/min"
+"#,
+    )
+    .await;
+    let c = client();
+    let body = json!({"policy": "burst", "identity": "u"});
+    for auth in [
+        None,
+        Some("wrong"),
+        Some("t0ken-for-app"),
+        Some("t0ken-for-apps2"),
+    ] {
+        let mut req = c.post(s.url("/v1/check")).json(&body);
+        if let Some(a) = auth {
+            req = req.bearer_auth(a);
+        }
+        let res = req.send().await.unwrap();
+        assert_eq!(res.status(), 401, "{auth:?}");
+        assert_eq!(res.headers()["content-type"], "application/problem+json");
+        assert_eq!(res.headers()["www-authenticate"], "Bearer");
+        let doc: Value = res.json().await.unwrap();
+        assert!(
+            doc["detail"].as_str().unwrap().contains("api_token"),
+            "{doc}"
+        );
+    }
+    let res = c
+        .post(s.url("/v1/release"))
+        .json(&json!({"lease": "x"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 401);
+    // Nothing was spent by the refused calls: the right token sees a full bucket.
+    let res = c
+        .post(s.url("/v1/check"))
+        .bearer_auth("t0ken-for-apps")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.json::<Value>().await.unwrap()["remaining"], 2);
+    // The operator endpoints do not take the API token's place (nor need it).
+    assert_eq!(c.get(s.url("/healthz")).send().await.unwrap().status(), 200);
+    s.stop().await;
+}

@@ -1,14 +1,15 @@
 //! The operator endpoints: `/healthz`, `/readyz`, `/metrics` and `/admin/reload`.
 //!
 //! `/metrics` and `/admin/reload` need `Authorization: Bearer <admin_token>` when the
-//! configuration sets one; the token is compared in constant time.
+//! configuration sets one ([`super::auth`]).
 
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
-use http::header::{AUTHORIZATION, CONTENT_TYPE};
-use http::{HeaderValue, StatusCode};
+use http::StatusCode;
+use http::header::CONTENT_TYPE;
 use serde_json::json;
 
+use super::auth::{bearer_allows, unauthorized};
 use super::{json_response, problem};
 use crate::state::{Runtime, Shared, probe_store};
 
@@ -39,38 +40,13 @@ pub(super) async fn readyz(State(shared): State<Shared>) -> Response {
     }
 }
 
-/// Checks `Authorization: Bearer <admin_token>` when a token is configured.
 fn authorized(rt: &Runtime, req: &Request) -> bool {
-    let Some(token) = &rt.config.admin_token else {
-        return true;
-    };
-    let given = req
-        .headers()
-        .get(AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    given.is_some_and(|g| constant_time_eq(g.trim().as_bytes(), token.as_bytes()))
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-fn unauthorized() -> Response {
-    let mut res = problem(
-        StatusCode::UNAUTHORIZED,
-        "this endpoint needs Authorization: Bearer <admin_token>",
-    );
-    res.headers_mut().insert(
-        http::header::WWW_AUTHENTICATE,
-        HeaderValue::from_static("Bearer"),
-    );
-    res
+    bearer_allows(req.headers(), rt.config.admin_token.as_deref())
 }
 
 pub(super) async fn metrics_text(State(shared): State<Shared>, req: Request) -> Response {
     if !authorized(&shared.runtime(), &req) {
-        return unauthorized();
+        return unauthorized("admin_token");
     }
     match shared.render_metrics() {
         Some(text) => ([(CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response(),
@@ -83,7 +59,7 @@ pub(super) async fn metrics_text(State(shared): State<Shared>, req: Request) -> 
 
 pub(super) async fn admin_reload(State(shared): State<Shared>, req: Request) -> Response {
     if !authorized(&shared.runtime(), &req) {
-        return unauthorized();
+        return unauthorized("admin_token");
     }
     match crate::reload::reload(&shared, "admin").await {
         Ok(generation) => json_response(

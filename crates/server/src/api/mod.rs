@@ -11,10 +11,12 @@
 //! - this module: the router and what every endpoint shares (reading a JSON body, answering
 //!   JSON and problem+json, counting requests);
 //! - [`check`]: `/v1/check` and `/v1/release`, the decision API;
-//! - [`admin`]: `/healthz`, `/readyz`, `/metrics` and `/admin/reload`, with the admin token;
+//! - [`admin`]: `/healthz`, `/readyz`, `/metrics` and `/admin/reload`;
+//! - [`auth`]: the optional bearer tokens (`admin_token`, `server.api_token` for `/v1/*`);
 //! - [`openapi`]: the request and response shapes, served at `/openapi.json`.
 
 mod admin;
+mod auth;
 mod check;
 mod openapi;
 
@@ -35,9 +37,15 @@ use crate::state::Shared;
 
 /// The router of the HTTP listener.
 pub fn router(shared: Shared) -> Router {
-    Router::new()
+    let decisions = Router::new()
         .route("/v1/check", post(check::check))
         .route("/v1/release", post(check::release))
+        .route_layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            auth::require_api_token,
+        ));
+    Router::new()
+        .merge(decisions)
         .route("/openapi.json", get(openapi::openapi_json))
         .route("/healthz", get(admin::healthz))
         .route("/readyz", get(admin::readyz))
