@@ -1,6 +1,9 @@
 //! A harness for tests: the real `sluice serve` ([`crate::run`]) from configuration text, on
 //! loopback ports chosen by the OS, and a clean stop. Used by this crate's integration tests
 //! and by the fault, hostile-input and security suites of `sluice-reliability`.
+//!
+//! Behind the `testing` feature, so the `sluice` binary does not carry it.
+#![cfg(any(test, feature = "testing"))]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
