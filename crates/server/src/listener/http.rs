@@ -192,10 +192,10 @@ impl Connection {
         loop {
             tokio::select! {
                 r = conn.as_mut() => {
-                    if let Err(e) = r {
-                        if let Some(reason) = rejection_of(&*e) {
-                            count_rejected(name, reason);
-                        }
+                    if let Err(e) = r
+                        && let Some(reason) = rejection_of(&*e)
+                    {
+                        count_rejected(name, reason);
                     }
                     return;
                 }
@@ -271,15 +271,15 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
 
     fn call(&self, req: Request<Incoming>) -> Self::Future {
         let in_flight = InFlight::start(Arc::clone(&self.activity));
-        if let Some(allowed) = self.reserved {
-            if !allowed(req.uri().path()) {
-                count_rejected(self.name, RejectReason::ReserveOnly);
-                let res = closing(crate::api::problem(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    "the server is at its connection limit; only health, metrics and admin paths are served",
-                ));
-                return Box::pin(std::future::ready(Ok(res)));
-            }
+        if let Some(allowed) = self.reserved
+            && !allowed(req.uri().path())
+        {
+            count_rejected(self.name, RejectReason::ReserveOnly);
+            let res = closing(crate::api::problem(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server is at its connection limit; only health, metrics and admin paths are served",
+            ));
+            return Box::pin(std::future::ready(Ok(res)));
         }
         let timed_out = Arc::new(AtomicBool::new(false));
         let mut req = req.map(|b| {
