@@ -42,6 +42,7 @@ fn validate_exits_non_zero_with_file_and_line() {
     .unwrap();
     let code = sluice_server::cli::validate(sluice_server::cli::ValidateArgs {
         config: file.clone(),
+        no_secrets: false,
     });
     assert_eq!(code, std::process::ExitCode::from(1));
     let err = Config::load(&file).unwrap_err().to_string();
@@ -57,8 +58,26 @@ fn validate_exits_non_zero_with_file_and_line() {
     let good = dir.join("good.toml");
     std::fs::write(&good, "").unwrap();
     assert_eq!(
-        sluice_server::cli::validate(sluice_server::cli::ValidateArgs { config: good }),
+        sluice_server::cli::validate(sluice_server::cli::ValidateArgs {
+            config: good,
+            no_secrets: false
+        }),
         std::process::ExitCode::SUCCESS
     );
+    // An env: secret whose variable is unset fails, unless the secrets are skipped.
+    let secret = dir.join("secret.toml");
+    std::fs::write(
+        &secret,
+        "admin_token = \"env:SLUICE_TEST_UNSET_EXAMPLE_TOKEN\"\n",
+    )
+    .unwrap();
+    let validate = |no_secrets| {
+        sluice_server::cli::validate(sluice_server::cli::ValidateArgs {
+            config: secret.clone(),
+            no_secrets,
+        })
+    };
+    assert_eq!(validate(false), std::process::ExitCode::from(1));
+    assert_eq!(validate(true), std::process::ExitCode::SUCCESS);
     std::fs::remove_dir_all(&dir).ok();
 }
