@@ -2,12 +2,15 @@
 //! identity the proxy limits it by.
 //!
 //! Parameters that an algorithm does not take are reported rather than ignored: a `capacity`
-//! on a GCRA policy is a misunderstanding worth a line in `sluice validate`.
+//! on a GCRA policy is a misunderstanding worth a line in `sluice validate`. Names, aliases,
+//! the parameters each algorithm takes and those messages come from the core registry
+//! ([`sluice::core::algorithm::registry`]), as they do for the CLI and Envoy files.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
+use sluice::core::algorithm::{AlgorithmKind, Param, Params};
 use sluice::core::policy::parse_duration_ms;
 use sluice::{Algorithm, FailureMode, LeakyMode, Policy, Rate};
 use toml::Spanned;
@@ -49,148 +52,96 @@ fn check_policy(
     let r = p.get_ref();
     let header = p.span();
     let before = ck.errors.len();
-    let alg_name = r.algorithm.get_ref().as_str();
-    let need_u64 = |ck: &mut Checker<'_>, v: &Option<Spanned<u64>>, k: &str| -> u64 {
-        match v {
-            Some(n) => *n.get_ref(),
-            None => {
-                ck.at(header.clone(), f(k), format!("{alg_name} needs {k}"));
-                1
-            }
-        }
-    };
-    let rate = |ck: &mut Checker<'_>| -> Rate {
-        match &r.rate {
-            Some(s) => s.get_ref().parse::<Rate>().unwrap_or_else(|e| {
-                ck.at(s.span(), f("rate"), e.to_string());
-                Rate::per_second(1)
-            }),
-            None => {
-                ck.at(
-                    header.clone(),
-                    f("rate"),
-                    format!("{alg_name} needs rate (such as 5/s, 300/min)"),
-                );
-                Rate::per_second(1)
-            }
-        }
-    };
-    let window = |ck: &mut Checker<'_>,
-                  v: &Option<Spanned<RawDuration>>,
-                  k: &str,
-                  default: Option<u64>|
-     -> u64 {
-        match (v, default) {
-            (Some(s), _) => match parse_duration_ms(s.get_ref()) {
-                Ok(0) => {
-                    ck.at(s.span(), f(k), "must be above 0");
-                    1
-                }
-                Ok(ms) => ms,
-                Err(e) => {
-                    ck.at(s.span(), f(k), e.to_string());
-                    1
-                }
-            },
-            (None, Some(d)) => d,
-            (None, None) => {
-                ck.at(
-                    header.clone(),
-                    f(k),
-                    format!("{alg_name} needs {k} (such as 10s, 1m)"),
-                );
-                1
-            }
-        }
-    };
-    let algorithm = match alg_name {
-        "token-bucket" => Algorithm::TokenBucket {
-            capacity: need_u64(ck, &r.capacity, "capacity"),
-            rate: rate(ck),
-        },
-        "gcra" => Algorithm::Gcra {
-            rate: rate(ck),
-            burst: r.burst.as_ref().map_or(0, |b| *b.get_ref()),
-        },
-        "leaky-bucket" => {
-            let mode = match r.mode.as_ref().map(|m| (m.get_ref().as_str(), m.span())) {
-                None | Some(("policing", _)) => LeakyMode::Policing,
-                Some(("shaping", _)) => LeakyMode::Shaping,
-                Some((other, span)) => {
-                    ck.at(
-                        span,
-                        f("mode"),
-                        format!(
-                            "unknown leaky-bucket mode {other:?}: expected policing or shaping"
-                        ),
-                    );
-                    LeakyMode::Policing
-                }
-            };
-            Algorithm::LeakyBucket {
-                capacity: need_u64(ck, &r.capacity, "capacity"),
-                rate: rate(ck),
-                mode,
-            }
-        }
-        "fixed-window" => Algorithm::FixedWindow {
-            limit: need_u64(ck, &r.limit, "limit"),
-            window_ms: window(ck, &r.window, "window", None),
-        },
-        "sliding-counter" => Algorithm::SlidingWindowCounter {
-            limit: need_u64(ck, &r.limit, "limit"),
-            window_ms: window(ck, &r.window, "window", None),
-        },
-        "sliding-log" => Algorithm::SlidingWindowLog {
-            limit: need_u64(ck, &r.limit, "limit"),
-            window_ms: window(ck, &r.window, "window", None),
-        },
-        "concurrency" => Algorithm::Concurrency {
-            limit: need_u64(ck, &r.limit, "limit"),
-            lease_ms: window(ck, &r.lease, "lease", Some(30_000)),
-        },
-        other => {
-            ck.at(
-                r.algorithm.span(),
-                f("algorithm"),
-                format!(
-                    "unknown algorithm {other:?}: expected token-bucket, gcra, leaky-bucket, fixed-window, \
-                     sliding-counter, sliding-log or concurrency"
-                ),
-            );
+    let kind = match r.algorithm.get_ref().parse::<AlgorithmKind>() {
+        Ok(kind) => kind,
+        Err(e) => {
+            ck.at(r.algorithm.span(), f("algorithm"), e.to_string());
             return None;
         }
     };
     // Parameters that do not belong to the algorithm are mistakes worth reporting.
-    let allowed: &[&str] = match alg_name {
-        "token-bucket" => &["capacity", "rate"],
-        "gcra" => &["rate", "burst"],
-        "leaky-bucket" => &["capacity", "rate", "mode"],
-        "concurrency" => &["limit", "lease"],
-        _ => &["limit", "window"],
-    };
-    let given: [(&str, Option<Range<usize>>); 7] = [
-        ("capacity", r.capacity.as_ref().map(|v| v.span())),
-        ("rate", r.rate.as_ref().map(|v| v.span())),
-        ("burst", r.burst.as_ref().map(|v| v.span())),
-        ("limit", r.limit.as_ref().map(|v| v.span())),
-        ("window", r.window.as_ref().map(|v| v.span())),
-        ("mode", r.mode.as_ref().map(|v| v.span())),
-        ("lease", r.lease.as_ref().map(|v| v.span())),
+    let spans: [(Param, Option<Range<usize>>); 7] = [
+        (Param::Capacity, r.capacity.as_ref().map(|v| v.span())),
+        (Param::Rate, r.rate.as_ref().map(|v| v.span())),
+        (Param::Burst, r.burst.as_ref().map(|v| v.span())),
+        (Param::Limit, r.limit.as_ref().map(|v| v.span())),
+        (Param::Window, r.window.as_ref().map(|v| v.span())),
+        (Param::Mode, r.mode.as_ref().map(|v| v.span())),
+        (Param::Lease, r.lease.as_ref().map(|v| v.span())),
     ];
-    for (k, span) in given {
+    for (param, span) in spans {
         if let Some(span) = span
-            && !allowed.contains(&k)
+            && let Err(e) = kind.check_param(param)
         {
-            ck.at(
-                span,
-                f(k),
-                format!("{alg_name} takes no {k} (it takes {})", allowed.join(", ")),
-            );
+            ck.at(span, f(param.name()), e.to_string());
         }
     }
+    // The values of the parameters it takes; one that does not parse is reported and stands
+    // in as a placeholder, so it is not also reported missing.
+    let duration = |ck: &mut Checker<'_>, v: &Spanned<RawDuration>, param: Param| -> u64 {
+        match parse_duration_ms(v.get_ref()) {
+            Ok(0) => {
+                ck.at(v.span(), f(param.name()), "must be above 0");
+                1
+            }
+            Ok(ms) => ms,
+            Err(e) => {
+                ck.at(v.span(), f(param.name()), e.to_string());
+                1
+            }
+        }
+    };
+    let takes = |param: Param| kind.takes(param);
+    let params = Params {
+        capacity: r
+            .capacity
+            .as_ref()
+            .filter(|_| takes(Param::Capacity))
+            .map(|v| *v.get_ref()),
+        rate: r.rate.as_ref().filter(|_| takes(Param::Rate)).map(|v| {
+            v.get_ref().parse::<Rate>().unwrap_or_else(|e| {
+                ck.at(v.span(), f("rate"), e.to_string());
+                Rate::per_second(1)
+            })
+        }),
+        burst: r
+            .burst
+            .as_ref()
+            .filter(|_| takes(Param::Burst))
+            .map(|v| *v.get_ref()),
+        limit: r
+            .limit
+            .as_ref()
+            .filter(|_| takes(Param::Limit))
+            .map(|v| *v.get_ref()),
+        window_ms: r
+            .window
+            .as_ref()
+            .filter(|_| takes(Param::Window))
+            .map(|v| duration(ck, v, Param::Window)),
+        mode: r.mode.as_ref().filter(|_| takes(Param::Mode)).map(|v| {
+            v.get_ref().parse::<LeakyMode>().unwrap_or_else(|e| {
+                ck.at(v.span(), f("mode"), e.to_string());
+                LeakyMode::Policing
+            })
+        }),
+        lease_ms: r
+            .lease
+            .as_ref()
+            .filter(|_| takes(Param::Lease))
+            .map(|v| duration(ck, v, Param::Lease)),
+    };
+    let algorithm = match kind.build(&params) {
+        Ok(a) => Some(a),
+        Err(missing) => {
+            for e in missing {
+                ck.at(header.clone(), f(e.param().name()), e.to_string());
+            }
+            None
+        }
+    };
     if ck.errors.len() == before
-        && let Err(e) = algorithm.validate()
+        && let Some(Err(e)) = algorithm.as_ref().map(Algorithm::validate)
     {
         ck.at(r.algorithm.span(), f("algorithm"), e.to_string());
     }
@@ -221,7 +172,7 @@ fn check_policy(
     }
     let policy = Policy {
         name: name.to_string(),
-        algorithm,
+        algorithm: algorithm?,
         failure_mode: failure,
         shadow: r.shadow || global_shadow,
         shards,
