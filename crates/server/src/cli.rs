@@ -43,7 +43,8 @@ pub struct ValidateArgs {
     pub no_secrets: bool,
 }
 
-/// Loads the configuration `args` name, with the listener flags applied.
+/// Loads the configuration `args` name, with the listener flags applied; refuses admin
+/// endpoints exposed beyond loopback without a token.
 pub fn load(args: &ServeArgs) -> Result<Config, ServeError> {
     let mut config = match &args.config {
         Some(path) => Config::load(path)?,
@@ -55,6 +56,7 @@ pub fn load(args: &ServeArgs) -> Result<Config, ServeError> {
         proxy: args.proxy,
         admin: args.admin,
     });
+    config.check_exposure()?;
     Ok(config)
 }
 

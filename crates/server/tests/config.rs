@@ -320,3 +320,57 @@ fn refusals_name_their_reason() {
     let envoy = "[[envoy.domains]]\ndomain = \"edge\"\n[[envoy.domains.descriptors]]\nkey = \"k\"\nrate_limit = { unit = \"second\", requests_per_unit = 1 }\n";
     assert!(refusal(envoy, &running, &parse(envoy)).is_none());
 }
+
+#[test]
+fn admin_endpoints_on_a_public_address_need_a_token_or_an_override() {
+    use sluice_server::cli::{ServeArgs, load};
+    let dir = std::env::temp_dir().join(format!("sluice-exposure-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, text: &str| {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    };
+    let args = |config: std::path::PathBuf, http: Option<&str>| ServeArgs {
+        config: Some(config),
+        http: http.map(|a| a.parse().unwrap()),
+        grpc: None,
+        proxy: None,
+        admin: None,
+    };
+    let open = write("open.toml", "");
+    assert!(
+        load(&args(open.clone(), None)).is_ok(),
+        "loopback by default"
+    );
+    let e = load(&args(open.clone(), Some("0.0.0.0:8080")))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("server.http: /metrics and /admin/* would be served on 0.0.0.0:8080"),
+        "{e}"
+    );
+    assert!(e.contains("public_admin_without_token"), "{e}");
+    let token = write("token.toml", "admin_token = \"t\"\n");
+    assert!(load(&args(token, Some("0.0.0.0:8080"))).is_ok());
+    let loopback_admin = write("admin.toml", "[server]\nadmin = \"127.0.0.1:9090\"\n");
+    assert!(
+        load(&args(loopback_admin, Some("0.0.0.0:8080"))).is_ok(),
+        "admin kept on loopback"
+    );
+    let public_admin = write("public.toml", "[server]\nadmin = \"0.0.0.0:9090\"\n");
+    let e = load(&args(public_admin, None)).unwrap_err().to_string();
+    assert!(
+        e.contains("server.admin: /metrics and /admin/* would be served on 0.0.0.0:9090"),
+        "{e}"
+    );
+    let overridden = write(
+        "override.toml",
+        "[server]\npublic_admin_without_token = true\n",
+    );
+    assert!(
+        load(&args(overridden, Some("0.0.0.0:8080"))).is_ok(),
+        "explicit override"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -257,6 +257,16 @@ impl Config {
         parse(src, file, dir, options)
     }
 
+    /// Refuses to serve `/metrics` and `/admin/*` on a non-loopback address without
+    /// `admin_token`, unless `server.public_admin_without_token` says so. Checked once the
+    /// command line's addresses are applied.
+    pub fn check_exposure(&self) -> Result<(), ConfigErrors> {
+        match server::admin_exposure(self) {
+            None => Ok(()),
+            Some(e) => Err(ConfigErrors(vec![e])),
+        }
+    }
+
     /// The settings that need a new store connection when they change.
     pub fn store_identity(&self) -> (String, Duration, usize, usize, u64, String) {
         (

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use super::check::hex32;
-use super::error::Checker;
+use super::error::{Checker, ConfigError};
 use super::raw::{RawConfig, RawServer};
 use super::{DEFAULT_GRPC, DEFAULT_HTTP, DEFAULT_PROXY, ServerConfig};
 use crate::limits::{ConnectionLimits, GrpcLimits};
@@ -161,4 +161,28 @@ pub(super) fn check_identity_hash_key(ck: &mut Checker<'_>, raw: &RawConfig) -> 
             sluice::core::key::default_hash_key()
         }
     }
+}
+
+/// The problem with serving the admin endpoints where `c` says, if there is one.
+pub(super) fn admin_exposure(c: &super::Config) -> Option<ConfigError> {
+    let (addr, field) = match c.server.admin {
+        Some(a) => (a, "server.admin"),
+        None => (c.server.http, "server.http"),
+    };
+    if c.admin_token.is_some() || c.server.public_admin_without_token || addr.ip().is_loopback() {
+        return None;
+    }
+    Some(ConfigError {
+        file: c
+            .path
+            .as_ref()
+            .map_or_else(|| "<defaults>".into(), |p| p.display().to_string()),
+        line: None,
+        field: field.into(),
+        message: format!(
+            "/metrics and /admin/* would be served on {addr}, which is not a loopback address, \
+             without admin_token: set admin_token (such as \"env:SLUICE_ADMIN_TOKEN\"), move them \
+             to a loopback server.admin, or set server.public_admin_without_token = true"
+        ),
+    })
 }
