@@ -1,0 +1,253 @@
+//! Finding 1, connections: slow request heads, descriptor exhaustion and huge unfinished
+//! heads. The figures say how many connections the server keeps, whether its health and
+//! decision endpoints still answer meanwhile, and how much memory the heads pin.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::harness::{self, Launch, Sluice};
+use crate::{Args, Outcome};
+
+const POLICY: &str =
+    "\n[policies.burst]\nalgorithm = \"token-bucket\"\ncapacity = 10\nrate = \"5/s\"\n";
+const CHECK: &str = r#"{"policy":"burst","identity":"probe"}"#;
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
+async fn start(a: &Args, launch: &Launch) -> Result<Sluice, String> {
+    let (server, http, grpc) = harness::server_section();
+    Sluice::start(&a.bin, &format!("{server}{POLICY}"), http, grpc, launch).await
+}
+
+/// Milliseconds a `/healthz` takes on a fresh connection, or `"no answer"`.
+async fn healthz_ms(s: &Sluice) -> serde_json::Value {
+    let t = Instant::now();
+    match harness::get(s.http, "/healthz", PROBE_TIMEOUT).await {
+        Ok(r) if r.status == 200 => json!(t.elapsed().as_millis() as u64),
+        Ok(r) => json!(format!("status {}", r.status)),
+        Err(e) => json!(format!("no answer ({})", e.kind())),
+    }
+}
+
+async fn check_answers(s: &Sluice) -> bool {
+    harness::check(s.http, CHECK, PROBE_TIMEOUT)
+        .await
+        .is_ok_and(|r| r.status == 200)
+}
+
+/// Opens a connection, sends `GET` and one header line, then one more header line every
+/// 5 s, never finishing the head. Returns whether the server still holds it at `end`.
+async fn slow_client(addr: std::net::SocketAddr, end: Instant) -> bool {
+    let Ok(Ok(mut s)) = tokio::time::timeout(PROBE_TIMEOUT, TcpStream::connect(addr)).await else {
+        return false;
+    };
+    if s.write_all(b"GET /healthz HTTP/1.1\r\nhost: sluice\r\n")
+        .await
+        .is_err()
+    {
+        return false;
+    }
+    let mut buf = [0u8; 1024];
+    loop {
+        let next = (Instant::now() + Duration::from_secs(5)).min(end);
+        tokio::select! {
+            // Any answer (408, 400) or a close means the server let go of the connection.
+            _ = s.read(&mut buf) => return false,
+            _ = tokio::time::sleep_until(next.into()) => {
+                if Instant::now() >= end {
+                    return true;
+                }
+                if s.write_all(b"x-slow: 1\r\n").await.is_err() {
+                    return false;
+                }
+            }
+        }
+    }
+}
+
+/// 2,000 slowloris connections for 40 s: how many are still open, and does `/healthz` answer.
+pub(crate) async fn slowloris(a: &Args) -> Outcome {
+    let (conns, hold) = if a.quick { (200, 5) } else { (2_000, 40) };
+    let mut out = Outcome::new("slowloris", format!("{conns} connections, {hold} s"));
+    let s = match start(a, &Launch::default()).await {
+        Ok(s) => s,
+        Err(e) => {
+            out.set("error", e);
+            return out;
+        }
+    };
+    let end = Instant::now() + Duration::from_secs(hold);
+    let gate = Arc::new(tokio::sync::Semaphore::new(100));
+    let mut tasks = Vec::with_capacity(conns);
+    for _ in 0..conns {
+        let (addr, gate) = (s.http, Arc::clone(&gate));
+        tasks.push(tokio::spawn(async move {
+            let permit = gate.acquire_owned().await;
+            let client = slow_client(addr, end);
+            drop(permit);
+            client.await
+        }));
+    }
+    tokio::time::sleep(Duration::from_secs(hold / 2)).await;
+    out.set("healthz_ms_midway", healthz_ms(&s).await);
+    out.set("check_answers_midway", check_answers(&s).await);
+    let mut open = 0u64;
+    for t in tasks {
+        if t.await.unwrap_or(false) {
+            open += 1;
+        }
+    }
+    out.set("open_at_end", open);
+    out
+}
+
+/// Under a descriptor limit, one client holding more idle sockets than the limit: do
+/// `/healthz`, `/v1/check` and the gRPC port still answer?
+pub(crate) async fn descriptors(a: &Args) -> Outcome {
+    let (limit, idle) = if a.quick { (256, 300) } else { (1_024, 1_100) };
+    let mut out = Outcome::new("descriptors", format!("{idle} idle sockets, limit {limit}"));
+    let launch = Launch {
+        nofile: Some(limit),
+        ..Launch::default()
+    };
+    let mut s = match start(a, &launch).await {
+        Ok(s) => s,
+        Err(e) => {
+            out.set("error", e);
+            return out;
+        }
+    };
+    let held = Arc::new(Mutex::new(Vec::with_capacity(idle)));
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let (held, next, addr) = (Arc::clone(&held), Arc::clone(&next), s.http);
+        tasks.push(tokio::spawn(async move {
+            while next.fetch_add(1, Ordering::Relaxed) < idle as u64 {
+                let c =
+                    tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(addr)).await;
+                if let Ok(Ok(stream)) = c {
+                    held.lock().push(stream);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    out.set("sockets_held", held.lock().len() as u64);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    out.set("healthz_ms", healthz_ms(&s).await);
+    out.set("check_answers", check_answers(&s).await);
+    out.set(
+        "grpc_answers",
+        harness::grpc_answers(s.grpc, PROBE_TIMEOUT).await,
+    );
+    held.lock().clear();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    out.set("healthz_ms_after_release", healthz_ms(&s).await);
+    out.set("server_running", s.is_running());
+    out
+}
+
+/// Thousands of unfinished 380 KB request heads: peak server RSS, and RSS after the client
+/// has gone.
+pub(crate) async fn big_heads(a: &Args) -> Outcome {
+    let (count, kb) = if a.quick {
+        (200usize, 380usize)
+    } else {
+        (5_000, 380)
+    };
+    let mut out = Outcome::new("big-heads", format!("{count} heads of {kb} KB"));
+    let s = match start(a, &Launch::default()).await {
+        Ok(s) => s,
+        Err(e) => {
+            out.set("error", e);
+            return out;
+        }
+    };
+    let mut head = b"GET /healthz HTTP/1.1\r\nhost: sluice\r\nx-pad: ".to_vec();
+    head.resize(kb * 1024, b'a');
+    let head = Arc::new(head);
+    out.set("rss_mb_before", s.rss_mb().round());
+
+    let pid = s.pid();
+    let peak = Arc::new(Mutex::new(0.0f64));
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let (peak, sampling) = (Arc::clone(&peak), Arc::clone(&sampling));
+        tokio::spawn(async move {
+            while sampling.load(Ordering::Relaxed) {
+                let status =
+                    std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+                let rss = status
+                    .lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+                    .unwrap_or(0.0)
+                    / 1024.0;
+                {
+                    let mut p = peak.lock();
+                    *p = p.max(rss);
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+    };
+
+    let deadline = Instant::now() + Duration::from_secs(if a.quick { 30 } else { 240 });
+    let held = Arc::new(Mutex::new(Vec::with_capacity(count)));
+    let refused = Arc::new(AtomicU64::new(0));
+    let next = Arc::new(AtomicU64::new(0));
+    let t = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..64 {
+        let (held, refused, next, head, addr) = (
+            Arc::clone(&held),
+            Arc::clone(&refused),
+            Arc::clone(&next),
+            Arc::clone(&head),
+            s.http,
+        );
+        tasks.push(tokio::spawn(async move {
+            while next.fetch_add(1, Ordering::Relaxed) < count as u64 && Instant::now() < deadline {
+                let sent = tokio::time::timeout(Duration::from_secs(10), async {
+                    let mut c = TcpStream::connect(addr).await?;
+                    c.write_all(&head).await?;
+                    Ok::<TcpStream, std::io::Error>(c)
+                })
+                .await;
+                match sent {
+                    Ok(Ok(c)) => held.lock().push(c),
+                    _ => {
+                        refused.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    out.set(
+        "send_seconds",
+        (t.elapsed().as_secs_f64() * 10.0).round() / 10.0,
+    );
+    out.set("heads_sent", held.lock().len() as u64);
+    out.set("heads_refused", refused.load(Ordering::Relaxed));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    out.set("healthz_ms_while_held", healthz_ms(&s).await);
+    let peak_rss = peak.lock().max(s.peak_rss_mb());
+    out.set("peak_rss_mb", peak_rss.round());
+    held.lock().clear();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    sampling.store(false, Ordering::Relaxed);
+    let _ = sampler.await;
+    out.set("rss_mb_after_client_left", s.rss_mb().round());
+    out
+}

@@ -1,0 +1,182 @@
+//! Findings 3 and 5, against a real Redis: a healthy but busy store must not produce
+//! fail-open admissions, and a pause must not leave concurrency slots held by nobody.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_testkit::servers::RedisServer;
+
+use crate::harness::{self, Conn, Launch, Sluice};
+use crate::{Args, Outcome};
+
+async fn start(a: &Args, redis: &RedisServer, policies: &str) -> Result<Sluice, String> {
+    let (server, http, grpc) = harness::server_section();
+    let toml = format!("{server}\n[store]\nurl = \"{}\"\n{policies}", redis.url());
+    Sluice::start(&a.bin, &toml, http, grpc, &Launch::default()).await
+}
+
+fn redis() -> RedisServer {
+    RedisServer::redis()
+}
+
+/// 3 `sluice serve` on one Redis with default store settings; 3,000 concurrent checks on one
+/// identity with a limit of 100: how many are admitted, how many as `failed_open`.
+pub(crate) async fn overload(a: &Args) -> Outcome {
+    let (total, limit) = if a.quick {
+        (600usize, 100u64)
+    } else {
+        (3_000, 100)
+    };
+    let mut out = Outcome::new(
+        "overload",
+        format!("{total} concurrent checks, 3 servers, limit {limit}"),
+    );
+    let redis = tokio::task::spawn_blocking(redis)
+        .await
+        .expect("start redis");
+    let policies = format!(
+        "\n[policies.hot]\nalgorithm = \"sliding-log\"\nlimit = {limit}\nwindow = \"1h\"\n"
+    );
+    let mut servers = Vec::new();
+    for _ in 0..3 {
+        match start(a, &redis, &policies).await {
+            Ok(s) => servers.push(s),
+            Err(e) => {
+                out.set("error", e);
+                return out;
+            }
+        }
+    }
+    // Every connection is open before any request is sent, so the checks really are
+    // concurrent; a barrier releases them together.
+    let barrier = Arc::new(tokio::sync::Barrier::new(total));
+    let gate = Arc::new(tokio::sync::Semaphore::new(200));
+    let body = r#"{"policy":"hot","identity":"user:hot"}"#;
+    let mut tasks = Vec::with_capacity(total);
+    for i in 0..total {
+        let addr = servers[i % 3].http;
+        let (barrier, gate) = (Arc::clone(&barrier), Arc::clone(&gate));
+        tasks.push(tokio::spawn(async move {
+            let permit = gate.acquire_owned().await;
+            let conn = Conn::open(addr, Duration::from_secs(10)).await;
+            drop(permit);
+            barrier.wait().await;
+            let req = harness::request("POST", "/v1/check", Some(body), &[]);
+            let answer = conn
+                .ok()?
+                .exchange(&[req], Duration::from_secs(30))
+                .await
+                .ok()?;
+            Some(answer[0].json())
+        }));
+    }
+    let (mut allowed, mut failed_open, mut decided_allowed, mut errors) = (0u64, 0u64, 0u64, 0u64);
+    for t in tasks {
+        match t.await.ok().flatten() {
+            Some(v) => {
+                let ok = v["allowed"].as_bool() == Some(true);
+                allowed += ok as u64;
+                let verdict = v["verdict"].as_str().unwrap_or("");
+                failed_open += (verdict == "failed_open") as u64;
+                decided_allowed += (ok && verdict == "decided") as u64;
+            }
+            None => errors += 1,
+        }
+    }
+    out.set("admitted", allowed);
+    out.set("failed_open", failed_open);
+    out.set("admitted_by_decision", decided_allowed);
+    out.set("no_answer", errors);
+    out
+}
+
+/// The concurrency policy's in-flight count as seen by a cost-0 check, when the store decided.
+async fn in_flight(s: &Sluice, limit: u64) -> Option<u64> {
+    let body = r#"{"policy":"slots","identity":"user:slots","cost":0}"#;
+    let v = harness::check(s.http, body, Duration::from_secs(2))
+        .await
+        .ok()?
+        .json();
+    if v["verdict"].as_str() != Some("decided") {
+        return None;
+    }
+    v["remaining"].as_u64().map(|r| limit.saturating_sub(r))
+}
+
+/// A concurrency policy with a 60 s lease; Redis paused 5 s while acquires time out: seconds
+/// from the end of the pause until every slot is free again.
+pub(crate) async fn leases(a: &Args) -> Outcome {
+    let (lease, pause, limit) = if a.quick {
+        (10u64, 2u64, 10u64)
+    } else {
+        (60, 5, 10)
+    };
+    let mut out = Outcome::new(
+        "leases",
+        format!("lease {lease} s, Redis paused {pause} s, {limit} acquires"),
+    );
+    let redis = tokio::task::spawn_blocking(redis)
+        .await
+        .expect("start redis");
+    let policies = format!(
+        "\n[policies.slots]\nalgorithm = \"concurrency\"\nlimit = {limit}\nlease = \"{lease}s\"\n"
+    );
+    let s = match start(a, &redis, &policies).await {
+        Ok(s) => s,
+        Err(e) => {
+            out.set("error", e);
+            return out;
+        }
+    };
+    if in_flight(&s, limit).await != Some(0) {
+        out.set("error", "the slots were not free before the pause");
+        return out;
+    }
+    redis.cli(&["CLIENT", "PAUSE", &(pause * 1000).to_string(), "ALL"]);
+    let paused_at = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..limit {
+        let addr = s.http;
+        tasks.push(tokio::spawn(async move {
+            let body = r#"{"policy":"slots","identity":"user:slots"}"#;
+            harness::check(addr, body, Duration::from_secs(3))
+                .await
+                .ok()
+                .and_then(|r| r.json()["verdict"].as_str().map(str::to_string))
+        }));
+    }
+    let mut verdicts = std::collections::BTreeMap::<String, u64>::new();
+    for t in tasks {
+        let v = t.await.ok().flatten().unwrap_or_else(|| "no answer".into());
+        *verdicts.entry(v).or_default() += 1;
+    }
+    out.set("acquire_verdicts_during_pause", format!("{verdicts:?}"));
+    let resumed = paused_at + Duration::from_secs(pause);
+    tokio::time::sleep_until(resumed.into()).await;
+    let bound = Duration::from_secs(lease + 15);
+    let mut first_held = None;
+    let free_after = loop {
+        let seen = in_flight(&s, limit).await;
+        if first_held.is_none()
+            && let Some(n) = seen
+        {
+            first_held = Some(n);
+        }
+        if seen == Some(0) {
+            break Some(resumed.elapsed().as_secs_f64());
+        }
+        if resumed.elapsed() > bound {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    out.set(
+        "slots_held_after_resume",
+        first_held.map_or(-1, |n| n as i64),
+    );
+    match free_after {
+        Some(secs) => out.set("seconds_until_all_free", (secs * 10.0).round() / 10.0),
+        None => out.set("seconds_until_all_free", format!("> {}", bound.as_secs())),
+    };
+    out
+}
