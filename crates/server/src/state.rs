@@ -88,6 +88,7 @@ pub async fn build_limiter(config: &Config) -> Result<Limiter, StoreError> {
     let options = StoreOptions {
         timeout: config.store.timeout,
         max_keys: config.store.max_keys,
+        max_memory: Some(config.store.max_memory),
         ..Default::default()
     };
     let store = url.connect(&options).await?;
@@ -159,7 +160,7 @@ fn describe_metrics() {
     metrics::describe_histogram!("sluice_store_duration_seconds", "Store call latency");
     metrics::describe_counter!(
         "sluice_config_reloads_total",
-        "Configuration reloads by result (ok, error)"
+        "Configuration reloads by result (ok, error, refused)"
     );
     metrics::describe_gauge!(
         "sluice_config_generation",
