@@ -89,7 +89,6 @@ pub async fn build_limiter(config: &Config) -> Result<Limiter, StoreError> {
         timeout: config.store.timeout,
         max_keys: config.store.max_keys,
         max_memory: Some(config.store.max_memory),
-        ..Default::default()
     };
     let store = url.connect(&options).await?;
     Ok(Limiter::builder(store)
