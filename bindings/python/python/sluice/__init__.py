@@ -1,0 +1,40 @@
+"""sluice: the sluice rate limiter's Rust engine for Python.
+
+The algorithms, Redis scripts, batching, deny cache, circuit breaker, failure modes and
+IETF ``RateLimit`` headers are those of the Rust crates, so a Python app, a Rust service and
+``sluice serve`` on one Redis share one limit exactly.
+
+    limiter = await sluice.Limiter.connect("redis://127.0.0.1:6379")
+    burst = sluice.Policy.token_bucket("burst", capacity=10, rate="5/s")
+    d = await limiter.check(burst, "user:42")
+    if not d.allowed: ...  # d.retry_after_ms, d.headers
+
+Middleware: :mod:`sluice.asgi` (Starlette, FastAPI), :mod:`sluice.fastapi` (per-route
+dependency), :mod:`sluice.wsgi` (Flask, Django).
+"""
+
+from ._sluice import (
+    Decision,
+    HttpGuard,
+    HttpVerdict,
+    Limiter,
+    Policy,
+    PolicyError,
+    StoreError,
+    __version__,
+    hash_credential,
+)
+from ._rules import Rule
+
+__all__ = [
+    "Decision",
+    "HttpGuard",
+    "HttpVerdict",
+    "Limiter",
+    "Policy",
+    "PolicyError",
+    "Rule",
+    "StoreError",
+    "__version__",
+    "hash_credential",
+]

@@ -1,0 +1,481 @@
+//! `Policy`: a named limit, built with one constructor per algorithm or read from TOML.
+//!
+//! Every constructor fills the core registry's [`Params`] and lets
+//! [`AlgorithmKind::build`] and [`Policy::validate`] judge them, so a Python policy is
+//! refused with the same words as a `sluice.toml` entry or a `sluice check` flag ("gcra
+//! takes no capacity", "rate must be at least 1").
+
+use std::str::FromStr;
+use std::sync::Arc;
+
+use pyo3::prelude::*;
+use sluice::core::algorithm::{AlgorithmKind, Params};
+use sluice::core::policy::parse_duration_ms;
+use sluice::{FailureMode, LeakyMode, Policy, Rate};
+
+use crate::PolicyError;
+
+/// A duration as Python code writes it: `"10s"`, `"500ms"`, `"1m"`, or whole seconds.
+#[derive(Debug, FromPyObject)]
+pub(crate) enum DurationArg {
+    Seconds(u64),
+    Text(String),
+}
+
+impl DurationArg {
+    fn millis(&self, what: &str) -> PyResult<u64> {
+        match self {
+            DurationArg::Seconds(s) => s
+                .checked_mul(1000)
+                .ok_or_else(|| PolicyError::new_err(format!("{what} is too long"))),
+            DurationArg::Text(t) => {
+                parse_duration_ms(t).map_err(|e| PolicyError::new_err(format!("{what}: {e}")))
+            }
+        }
+    }
+}
+
+fn rate(text: &str) -> PyResult<Rate> {
+    Rate::from_str(text).map_err(|e| PolicyError::new_err(e.to_string()))
+}
+
+fn failure_mode(text: &str) -> PyResult<FailureMode> {
+    match text {
+        "open" => Ok(FailureMode::Open),
+        "closed" => Ok(FailureMode::Closed),
+        "local" => Ok(FailureMode::Local),
+        other => Err(PolicyError::new_err(format!(
+            "unknown failure_mode {other:?}: expected open, closed or local"
+        ))),
+    }
+}
+
+/// The settings every algorithm shares.
+struct Common<'a> {
+    failure_mode: &'a str,
+    shadow: bool,
+    shards: u32,
+}
+
+/// Builds and validates a policy from registry parameters.
+fn build(name: &str, kind: AlgorithmKind, params: &Params, common: Common<'_>) -> PyResult<Policy> {
+    let algorithm = kind.build(params).map_err(|errors| {
+        let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+        PolicyError::new_err(text.join("; "))
+    })?;
+    let policy = Policy {
+        name: name.to_string(),
+        algorithm,
+        failure_mode: failure_mode(common.failure_mode)?,
+        shadow: common.shadow,
+        shards: common.shards,
+    };
+    policy
+        .validate()
+        .map_err(|e| PolicyError::new_err(format!("policy {name:?}: {e}")))?;
+    Ok(policy)
+}
+
+/// A named limit: an algorithm with its parameters, a failure mode, shadow and shards.
+#[pyclass(name = "Policy", module = "sluice", frozen)]
+#[derive(Debug, Clone)]
+pub struct PyPolicy {
+    pub(crate) inner: Arc<Policy>,
+}
+
+impl PyPolicy {
+    fn of(p: Policy) -> Self {
+        Self { inner: Arc::new(p) }
+    }
+}
+
+#[pymethods]
+impl PyPolicy {
+    /// A bucket of `capacity` tokens refilled at `rate` (`"5/s"`).
+    #[staticmethod]
+    #[pyo3(signature = (name, *, capacity, rate, failure_mode="open", shadow=false, shards=1))]
+    fn token_bucket(
+        name: &str,
+        capacity: u64,
+        rate: &str,
+        failure_mode: &str,
+        shadow: bool,
+        shards: u32,
+    ) -> PyResult<Self> {
+        let params = Params {
+            capacity: Some(capacity),
+            rate: Some(self::rate(rate)?),
+            ..Params::default()
+        };
+        let common = Common {
+            failure_mode,
+            shadow,
+            shards,
+        };
+        build(name, AlgorithmKind::TokenBucket, &params, common).map(Self::of)
+    }
+
+    /// GCRA (redis-cell's parameters): a steady `rate` plus `burst` extra requests.
+    #[staticmethod]
+    #[pyo3(signature = (name, *, rate, burst=0, failure_mode="open", shadow=false, shards=1))]
+    fn gcra(
+        name: &str,
+        rate: &str,
+        burst: u64,
+        failure_mode: &str,
+        shadow: bool,
+        shards: u32,
+    ) -> PyResult<Self> {
+        let params = Params {
+            rate: Some(self::rate(rate)?),
+            burst: Some(burst),
+            ..Params::default()
+        };
+        let common = Common {
+            failure_mode,
+            shadow,
+            shards,
+        };
+        build(name, AlgorithmKind::Gcra, &params, common).map(Self::of)
+    }
+
+    /// A bucket of `capacity` draining at `rate`; `mode` is `"policing"` or `"shaping"`.
+    #[staticmethod]
+    #[pyo3(signature = (name, *, capacity, rate, mode="policing", failure_mode="open", shadow=false, shards=1))]
+    #[allow(clippy::too_many_arguments)]
+    fn leaky_bucket(
+        name: &str,
+        capacity: u64,
+        rate: &str,
+        mode: &str,
+        failure_mode: &str,
+        shadow: bool,
+        shards: u32,
+    ) -> PyResult<Self> {
+        let params = Params {
+            capacity: Some(capacity),
+            rate: Some(self::rate(rate)?),
+            mode: Some(LeakyMode::from_str(mode).map_err(|e| PolicyError::new_err(e.to_string()))?),
+            ..Params::default()
+        };
+        let common = Common {
+            failure_mode,
+            shadow,
+            shards,
+        };
+        build(name, AlgorithmKind::LeakyBucket, &params, common).map(Self::of)
+    }
+
+    /// `limit` requests per `window`, windows aligned to the Unix epoch.
+    #[staticmethod]
+    #[pyo3(signature = (name, *, limit, window, failure_mode="open", shadow=false, shards=1))]
+    fn fixed_window(
+        name: &str,
+        limit: u64,
+        window: DurationArg,
+        failure_mode: &str,
+        shadow: bool,
+        shards: u32,
+    ) -> PyResult<Self> {
+        let common = Common {
+            failure_mode,
+            shadow,
+            shards,
+        };
+        windowed(name, AlgorithmKind::FixedWindow, limit, &window, common)
+    }
+
+    /// `limit` per sliding `window`, estimated from the current and previous fixed windows.
+    #[staticmethod]
+    #[pyo3(signature = (name, *, limit, window, failure_mode="open", shadow=false, shards=1))]
+    fn sliding_counter(
+        name: &str,
+        limit: u64,
+        window: DurationArg,
+        failure_mode: &str,
+        shadow: bool,
+        shards: u32,
+    ) -> PyResult<Self> {
+        let common = Common {
+            failure_mode,
+            shadow,
+            shards,
+        };
+        windowed(
+            name,
+            AlgorithmKind::SlidingWindowCounter,
+            limit,
+            &window,
+            common,
+        )
+    }
+
+    /// Exactly `limit` per sliding `window` (a log of admitted requests).
+    #[staticmethod]
+    #[pyo3(signature = (name, *, limit, window, failure_mode="open", shadow=false, shards=1))]
+    fn sliding_log(
+        name: &str,
+        limit: u64,
+        window: DurationArg,
+        failure_mode: &str,
+        shadow: bool,
+        shards: u32,
+    ) -> PyResult<Self> {
+        let common = Common {
+            failure_mode,
+            shadow,
+            shards,
+        };
+        windowed(
+            name,
+            AlgorithmKind::SlidingWindowLog,
+            limit,
+            &window,
+            common,
+        )
+    }
+
+    /// At most `limit` requests in flight; a lease not released expires after `lease`.
+    #[staticmethod]
+    #[pyo3(signature = (name, *, limit, lease=DurationArg::Seconds(30), failure_mode="open", shadow=false, shards=1))]
+    fn concurrency(
+        name: &str,
+        limit: u64,
+        lease: DurationArg,
+        failure_mode: &str,
+        shadow: bool,
+        shards: u32,
+    ) -> PyResult<Self> {
+        let params = Params {
+            limit: Some(limit),
+            lease_ms: Some(lease.millis("lease")?),
+            ..Params::default()
+        };
+        let common = Common {
+            failure_mode,
+            shadow,
+            shards,
+        };
+        build(name, AlgorithmKind::Concurrency, &params, common).map(Self::of)
+    }
+
+    /// One policy from TOML: either top-level keys (`name = "burst"`, `algorithm =
+    /// "token-bucket"`, `capacity = 10`, `rate = "5/s"`) or a single `[policies.NAME]`
+    /// table as in `sluice.toml`.
+    #[staticmethod]
+    fn from_toml(text: &str) -> PyResult<Self> {
+        let mut all = parse_toml(text)?;
+        match all.len() {
+            1 => Ok(all.remove(0)),
+            n => Err(PolicyError::new_err(format!(
+                "the TOML holds {n} policies; Policy.from_toml takes exactly one (Policy.all_from_toml reads several)"
+            ))),
+        }
+    }
+
+    /// Every `[policies.NAME]` table of a TOML text (a `sluice.toml` works), in name order.
+    #[staticmethod]
+    fn all_from_toml(text: &str) -> PyResult<Vec<Self>> {
+        parse_toml(text)
+    }
+
+    /// The policy's name (part of key names and header values).
+    #[getter]
+    fn name(&self) -> &str {
+        &self.inner.name
+    }
+    /// The algorithm's stable name: `token-bucket`, `gcra`, `leaky-bucket`, `fixed-window`,
+    /// `sliding-window-counter`, `sliding-window-log` or `concurrency`.
+    #[getter]
+    fn algorithm(&self) -> &'static str {
+        self.inner.algorithm.kind()
+    }
+    /// The quota shown to clients (`q` of `RateLimit-Policy`).
+    #[getter]
+    fn quota(&self) -> u64 {
+        self.inner.algorithm.quota()
+    }
+    /// The window shown to clients, in milliseconds (`w` of `RateLimit-Policy`, in seconds).
+    #[getter]
+    fn window_ms(&self) -> u64 {
+        self.inner.algorithm.window_ms()
+    }
+    /// `open`, `closed` or `local`.
+    #[getter]
+    fn failure_mode(&self) -> &'static str {
+        match self.inner.failure_mode {
+            FailureMode::Open => "open",
+            FailureMode::Closed => "closed",
+            FailureMode::Local => "local",
+        }
+    }
+    /// True when the policy only counts and never denies.
+    #[getter]
+    fn shadow(&self) -> bool {
+        self.inner.shadow
+    }
+    /// How many sub-keys each identity's state is split over.
+    #[getter]
+    fn shards(&self) -> u32 {
+        self.inner.shards
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Policy({:?}, algorithm={:?}, quota={}, window_ms={}, failure_mode={:?})",
+            self.inner.name,
+            self.inner.algorithm.kind(),
+            self.inner.algorithm.quota(),
+            self.inner.algorithm.window_ms(),
+            self.failure_mode()
+        )
+    }
+
+    fn __eq__(&self, other: &Self) -> bool {
+        self.inner == other.inner
+    }
+}
+
+fn windowed(
+    name: &str,
+    kind: AlgorithmKind,
+    limit: u64,
+    window: &DurationArg,
+    common: Common<'_>,
+) -> PyResult<PyPolicy> {
+    let params = Params {
+        limit: Some(limit),
+        window_ms: Some(window.millis("window")?),
+        ..Params::default()
+    };
+    build(name, kind, &params, common).map(PyPolicy::of)
+}
+
+/// The policies of a TOML text: one top-level policy, or the `[policies.NAME]` tables.
+fn parse_toml(text: &str) -> PyResult<Vec<PyPolicy>> {
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| PolicyError::new_err(format!("invalid TOML: {e}")))?;
+    if let Some(policies) = table.get("policies") {
+        let policies = policies
+            .as_table()
+            .ok_or_else(|| PolicyError::new_err("`policies` must be a table of [policies.NAME]"))?;
+        if policies.is_empty() {
+            return Err(PolicyError::new_err(
+                "the TOML has no [policies.NAME] table",
+            ));
+        }
+        return policies
+            .iter()
+            .map(|(name, v)| {
+                let t = v.as_table().ok_or_else(|| {
+                    PolicyError::new_err(format!("policies.{name} must be a table"))
+                })?;
+                from_table(name, t, &format!("policies.{name}."), &["name"])
+            })
+            .collect();
+    }
+    let name = match table.get("name") {
+        Some(toml::Value::String(s)) => s.clone(),
+        Some(_) => return Err(PolicyError::new_err("`name` must be a string")),
+        None => {
+            return Err(PolicyError::new_err(
+                "the TOML names no policy: give `name = \"...\"` and `algorithm = \"...\"`, or a [policies.NAME] table",
+            ));
+        }
+    };
+    Ok(vec![from_table(&name, &table, "", &[])?])
+}
+
+/// One policy from a TOML table; `field` prefixes key names in messages and `skip` lists
+/// keys that are not the policy's own (the name, when it is a key of the table).
+fn from_table(name: &str, t: &toml::Table, field: &str, skip: &[&str]) -> PyResult<PyPolicy> {
+    let err = |k: &str, what: &str| PolicyError::new_err(format!("{field}{k} {what}"));
+    let string = |k: &str| -> PyResult<Option<&str>> {
+        match t.get(k) {
+            None => Ok(None),
+            Some(toml::Value::String(s)) => Ok(Some(s.as_str())),
+            Some(_) => Err(err(k, "must be a string")),
+        }
+    };
+    let number = |k: &str| -> PyResult<Option<u64>> {
+        match t.get(k) {
+            None => Ok(None),
+            Some(toml::Value::Integer(i)) => u64::try_from(*i)
+                .map(Some)
+                .map_err(|_| err(k, "must not be negative")),
+            Some(_) => Err(err(k, "must be a whole number")),
+        }
+    };
+    let duration = |k: &str| -> PyResult<Option<u64>> {
+        match t.get(k) {
+            None => Ok(None),
+            Some(toml::Value::Integer(i)) => u64::try_from(*i)
+                .ok()
+                .and_then(|s| s.checked_mul(1000))
+                .map(Some)
+                .ok_or_else(|| err(k, "must be a positive number of seconds")),
+            Some(toml::Value::String(s)) => parse_duration_ms(s)
+                .map(Some)
+                .map_err(|e| PolicyError::new_err(format!("{field}{k}: {e}"))),
+            Some(_) => Err(err(k, "must be a duration such as \"10s\"")),
+        }
+    };
+    const KEYS: [&str; 12] = [
+        "algorithm",
+        "capacity",
+        "rate",
+        "burst",
+        "limit",
+        "window",
+        "mode",
+        "lease",
+        "failure_mode",
+        "shadow",
+        "shards",
+        "name",
+    ];
+    for k in t.keys() {
+        if !KEYS.contains(&k.as_str()) || skip.contains(&k.as_str()) {
+            return Err(err(
+                k,
+                &format!(
+                    "is not a policy setting (expected one of {})",
+                    KEYS[..11].join(", ")
+                ),
+            ));
+        }
+    }
+    let kind: AlgorithmKind = string("algorithm")?
+        .ok_or_else(|| err("algorithm", "is missing"))?
+        .parse()
+        .map_err(|e: sluice::core::algorithm::UnknownAlgorithm| {
+            PolicyError::new_err(e.to_string())
+        })?;
+    let params = Params {
+        capacity: number("capacity")?,
+        rate: string("rate")?.map(rate).transpose()?,
+        burst: number("burst")?,
+        limit: number("limit")?,
+        window_ms: duration("window")?,
+        mode: string("mode")?
+            .map(|m| LeakyMode::from_str(m).map_err(|e| PolicyError::new_err(e.to_string())))
+            .transpose()?,
+        lease_ms: duration("lease")?,
+    };
+    let shadow = match t.get("shadow") {
+        None => false,
+        Some(toml::Value::Boolean(b)) => *b,
+        Some(_) => return Err(err("shadow", "must be true or false")),
+    };
+    let shards = match number("shards")? {
+        None => 1,
+        Some(n) => u32::try_from(n).map_err(|_| err("shards", "is too large"))?,
+    };
+    let common = Common {
+        failure_mode: string("failure_mode")?.unwrap_or("open"),
+        shadow,
+        shards,
+    };
+    build(name, kind, &params, common).map(PyPolicy::of)
+}
