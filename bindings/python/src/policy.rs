@@ -285,7 +285,7 @@ impl PyPolicy {
         &self.inner.name
     }
     /// The algorithm's stable name: `token-bucket`, `gcra`, `leaky-bucket`, `fixed-window`,
-    /// `sliding-window-counter`, `sliding-window-log` or `concurrency`.
+    /// `sliding-counter`, `sliding-log` or `concurrency`.
     #[getter]
     fn algorithm(&self) -> &'static str {
         self.inner.algorithm.kind()

@@ -64,17 +64,22 @@ class RateLimitMiddleware:
             await send_denial(send, verdict)
             return
         extra = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in verdict.headers]
+        holds_leases = verdict.leases > 0
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start" and extra:
                 message = dict(message)
                 message["headers"] = list(message.get("headers", ())) + extra
+            elif holds_leases and message["type"] == "http.response.body" and not message.get("more_body"):
+                # Released before the last byte goes out, so a client that sends its next
+                # request on seeing the response complete finds the lease free.
+                await verdict.release()
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_headers if extra else send)
+            await self.app(scope, receive, send_with_headers if extra or holds_leases else send)
         finally:
-            if verdict.leases:
+            if holds_leases:
                 await verdict.release()
 
 

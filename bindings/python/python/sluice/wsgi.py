@@ -41,14 +41,24 @@ def status_line(status: int) -> str:
 
 
 class _Releasing:
-    """The app's response iterable, releasing the request's leases when it is closed."""
+    """The app's response iterable, releasing the request's leases before its last chunk is
+    handed to the server (so a client that sends its next request on seeing the response
+    complete finds the lease free), and at the latest when the server closes it."""
 
     def __init__(self, inner: Iterable[bytes], verdict) -> None:
         self._inner = inner
         self._verdict = verdict
 
     def __iter__(self):
-        return iter(self._inner)
+        held = None
+        have = False
+        for chunk in self._inner:
+            if have:
+                yield held
+            held, have = chunk, True
+        self._verdict.release_sync()
+        if have:
+            yield held
 
     def close(self) -> None:
         try:
