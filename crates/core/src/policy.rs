@@ -264,6 +264,16 @@ impl Algorithm {
                 Ok(())
             }
         };
+        // Durations are held in milliseconds; a zero one says so in the unit people write.
+        let positive_ms = |what: &str, v: u64| {
+            if v == 0 {
+                Err(PolicyError::Invalid(format!(
+                    "{what} must be at least 1ms (got 0)"
+                )))
+            } else {
+                Ok(())
+            }
+        };
         let exact = |what: &str, v: u128| {
             if v > MAX_EXACT as u128 {
                 Err(PolicyError::Invalid(format!(
@@ -278,7 +288,7 @@ impl Algorithm {
             | Algorithm::LeakyBucket { capacity, rate, .. } => {
                 positive("capacity", capacity)?;
                 positive("rate", rate.amount)?;
-                positive("rate period", rate.per_ms)?;
+                positive_ms("rate period", rate.per_ms)?;
                 let r = rate.reduced();
                 exact(
                     "capacity x rate period",
@@ -288,7 +298,7 @@ impl Algorithm {
             }
             Algorithm::Gcra { rate, burst } => {
                 positive("rate", rate.amount)?;
-                positive("rate period", rate.per_ms)?;
+                positive_ms("rate period", rate.per_ms)?;
                 if rate.per_ms as u128 * 1000 / (rate.amount as u128) == 0 {
                     return Err(PolicyError::Invalid(
                         "gcra rate must be at most 1 per microsecond".into(),
@@ -303,12 +313,12 @@ impl Algorithm {
             | Algorithm::SlidingWindowCounter { limit, window_ms }
             | Algorithm::SlidingWindowLog { limit, window_ms } => {
                 positive("limit", limit)?;
-                positive("window", window_ms)?;
+                positive_ms("window", window_ms)?;
                 exact("limit x window", limit as u128 * window_ms as u128)
             }
             Algorithm::Concurrency { limit, lease_ms } => {
                 positive("limit", limit)?;
-                positive("lease timeout", lease_ms)
+                positive_ms("lease timeout", lease_ms)
             }
         }
     }
@@ -477,5 +487,21 @@ mod tests {
         for bad in ["", "a b", "a{b}", "a:b", "é"] {
             assert!(validate_policy_name(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn zero_durations_name_their_unit() {
+        let window = Algorithm::FixedWindow {
+            limit: 3,
+            window_ms: 0,
+        };
+        let e = window.validate().unwrap_err().to_string();
+        assert!(e.contains("window must be at least 1ms"), "{e}");
+        let lease = Algorithm::Concurrency {
+            limit: 3,
+            lease_ms: 0,
+        };
+        let e = lease.validate().unwrap_err().to_string();
+        assert!(e.contains("lease timeout must be at least 1ms"), "{e}");
     }
 }
