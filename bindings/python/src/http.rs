@@ -37,6 +37,9 @@ struct GuardRule {
     cost: u64,
 }
 
+/// A rule as Python passes it: `(prefix, methods or None, [Policy, ...], cost)`.
+type RuleArg<'py> = (String, Option<Vec<String>>, Vec<Bound<'py, PyPolicy>>, u64);
+
 /// Which socket peers may set forwarding headers: a list of networks or a hop count.
 #[derive(Debug, FromPyObject)]
 pub(crate) enum TrustedArg {
@@ -258,7 +261,7 @@ impl HttpGuard {
     #[allow(clippy::too_many_arguments)]
     fn new(
         limiter: &PyLimiter,
-        rules: Vec<(String, Option<Vec<String>>, Vec<Bound<'_, PyPolicy>>, u64)>,
+        rules: Vec<RuleArg<'_>>,
         api_key_header: Option<&str>,
         bearer: bool,
         trusted_proxies: Option<TrustedArg>,
