@@ -1,10 +1,57 @@
-//! `sluice.node`: the sluice engine as a Node.js addon.
+//! `sluice.node`: the sluice engine as a Node.js addon (napi-rs).
+//!
+//! A Node app gets the same [`sluice::Limiter`] a Rust service links: the algorithms, the
+//! Redis scripts, batching, the deny cache, the circuit breaker and the failure modes are the
+//! Rust crates' own, and so are the key names, so an Express app, a Rust service and
+//! `sluice serve` on one Redis share one limit exactly. Nothing of a decision is rewritten in
+//! JavaScript: `index.js` only shapes arguments and results, and the Express and Fastify
+//! middleware only move a request's method, path, headers and peer into
+//! [`guard::HttpGuard`] and its answer back out.
+//!
+//! Every call that waits on a store returns a Promise settled from napi's tokio runtime, so
+//! a check never blocks the event loop.
+//!
+//! Unsafe code is denied (not forbidden): napi-derive's generated registration code allows
+//! it locally, which `forbid` refuses; nothing written here uses it.
+//!
+//! # Layout
+//! - [`policy`]: `Policy`, built from an algorithm name and options through the core
+//!   registry, so errors read as in `sluice.toml`.
+//! - [`decision`]: a [`sluice::Checked`] as the numbers and header values JS is given.
+//! - [`limiter`]: `Limiter`: connect by URL, `check`, `release`, credential hashing.
+//! - [`guard`]: `HttpGuard`: the tower layer's per-request work for the middleware.
 #![deny(unsafe_code)]
 
-use napi_derive::napi;
+mod decision;
+mod guard;
+mod limiter;
+mod policy;
 
-/// The version of the addon.
-#[napi]
-pub fn version() -> String {
-    env!("CARGO_PKG_VERSION").to_string()
+use napi::{Error, Status};
+
+/// A JS error for bad input (`err.code === 'InvalidArg'`).
+pub(crate) fn invalid(message: impl Into<String>) -> Error {
+    Error::new(Status::InvalidArg, message.into())
+}
+
+/// A JS error for a store that cannot be used (`err.code === 'GenericFailure'`).
+pub(crate) fn store_error(message: impl Into<String>) -> Error {
+    Error::new(Status::GenericFailure, message.into())
+}
+
+/// A whole, non-negative JS number as `u64`, or an error naming `what`.
+pub(crate) fn whole(value: f64, what: &str) -> napi::Result<u64> {
+    if value.is_finite() && value >= 0.0 && value.fract() == 0.0 && value <= 9_007_199_254_740_991.0
+    {
+        Ok(value as u64)
+    } else {
+        Err(invalid(format!(
+            "{what} must be a whole number of at least 0, not {value}"
+        )))
+    }
+}
+
+/// A `u64` as a JS number (exact up to 2^53, which no count or duration here reaches).
+pub(crate) fn number(value: u64) -> f64 {
+    value as f64
 }
