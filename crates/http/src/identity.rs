@@ -28,6 +28,7 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use sluice::Identity;
+use sluice::core::key::MAX_IDENTITY_LEN;
 
 /// A closure deriving an identity from the request head.
 pub type IdentityFn = Arc<dyn Fn(&Parts) -> Option<Identity> + Send + Sync>;
@@ -37,6 +38,9 @@ pub type IdentityFn = Arc<dyn Fn(&Parts) -> Option<Identity> + Send + Sync>;
 pub enum IdentitySource {
     /// The value of this header (e.g. `x-api-key`), hashed: `key:h<hex>`.
     ApiKey(HeaderName),
+    /// The value of this header as is (`hdr:<value>`), e.g. a user id set by an
+    /// authenticating gateway; see [`header_identity`] for values that are not plain text.
+    Header(HeaderName),
     /// The token of `Authorization: Bearer <token>`, hashed: `bearer:h<hex>`.
     Bearer,
     /// A [`sluice::Identity`] request extension set by an earlier (authentication) layer.
@@ -50,6 +54,10 @@ impl IdentitySource {
     pub fn api_key(header: &'static str) -> Self {
         IdentitySource::ApiKey(HeaderName::from_static(header))
     }
+    /// A header's value, used as is.
+    pub fn header(header: &'static str) -> Self {
+        IdentitySource::Header(HeaderName::from_static(header))
+    }
     /// A closure over the request head.
     pub fn custom(f: impl Fn(&Parts) -> Option<Identity> + Send + Sync + 'static) -> Self {
         IdentitySource::Custom(Arc::new(f))
@@ -60,6 +68,7 @@ impl fmt::Debug for IdentitySource {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             IdentitySource::ApiKey(h) => f.debug_tuple("ApiKey").field(h).finish(),
+            IdentitySource::Header(h) => f.debug_tuple("Header").field(h).finish(),
             IdentitySource::Bearer => f.write_str("Bearer"),
             IdentitySource::Extension => f.write_str("Extension"),
             IdentitySource::Custom(_) => f.write_str("Custom(..)"),
@@ -333,6 +342,24 @@ pub fn api_key_identity(secret: &[u8], hash_key: &[u8; 32]) -> Identity {
     Identity::credential("key", secret, hash_key)
 }
 
+/// The identity of a header used as is: `hdr:<value>` for printable ASCII (and tab) up to
+/// [`MAX_IDENTITY_LEN`] bytes. Any other value (bytes beyond ASCII, or longer) is a keyed hash
+/// of its raw bytes, `hdr-hash:h<hex>`: every distinct value keeps a bucket of its own, the
+/// key stays bounded, and no value can spell the hashed form of another or a client-IP
+/// identity. `None` for an empty value (the next source decides).
+pub fn header_identity(value: &[u8], hash_key: &[u8; 32]) -> Option<Identity> {
+    if value.is_empty() {
+        return None;
+    }
+    // The bytes `HeaderValue::to_str` accepts: tab and visible ASCII.
+    let plain =
+        value.len() <= MAX_IDENTITY_LEN && value.iter().all(|b| matches!(b, b'\t' | 0x20..=0x7e));
+    Some(match std::str::from_utf8(value) {
+        Ok(text) if plain => Identity::new(format!("hdr:{text}")),
+        _ => Identity::credential("hdr-hash", value, hash_key),
+    })
+}
+
 /// Derives identities from requests: the configured sources in order, then the client IP.
 #[derive(Clone)]
 pub struct IdentityResolver {
@@ -390,6 +417,10 @@ impl IdentityResolver {
                     .map(|v| v.as_bytes())
                     .filter(|v| !v.is_empty())
                     .map(|v| api_key_identity(v, &self.hash_key)),
+                IdentitySource::Header(h) => parts
+                    .headers
+                    .get(h)
+                    .and_then(|v| header_identity(v.as_bytes(), &self.hash_key)),
                 IdentitySource::Bearer => parts
                     .headers
                     .get(http::header::AUTHORIZATION)
@@ -420,202 +451,5 @@ fn bearer_token(v: &[u8]) -> Option<&[u8]> {
         (!t.is_empty()).then_some(t)
     } else {
         None
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (n, v) in pairs {
-            h.append(*n, v.parse().unwrap());
-        }
-        h
-    }
-    fn ip(s: &str) -> IpAddr {
-        s.parse().unwrap()
-    }
-    fn cfg(trusted: TrustedProxies) -> ClientIpConfig {
-        ClientIpConfig {
-            trusted,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn untrusted_peers_cannot_choose_their_address() {
-        let c = cfg(TrustedProxies::None);
-        let h = headers(&[
-            ("x-forwarded-for", "1.2.3.4"),
-            ("forwarded", "for=1.2.3.4"),
-            ("x-real-ip", "1.2.3.4"),
-        ]);
-        assert_eq!(c.client_ip(ip("198.51.100.9"), &h), ip("198.51.100.9"));
-        // A trusted list that does not contain the peer is the same.
-        let c = cfg(TrustedProxies::cidrs(&["10.0.0.0/8"]).unwrap());
-        assert_eq!(c.client_ip(ip("198.51.100.9"), &h), ip("198.51.100.9"));
-    }
-
-    #[test]
-    fn right_most_untrusted_address_wins() {
-        let c = cfg(TrustedProxies::cidrs(&["10.0.0.0/8", "192.168.0.1"]).unwrap());
-        // One proxy.
-        let h = headers(&[("x-forwarded-for", "203.0.113.7")]);
-        assert_eq!(c.client_ip(ip("10.0.0.1"), &h), ip("203.0.113.7"));
-        // Two proxies; the client prepended a lie.
-        let h = headers(&[("x-forwarded-for", "6.6.6.6, 203.0.113.7, 10.1.1.1")]);
-        assert_eq!(c.client_ip(ip("192.168.0.1"), &h), ip("203.0.113.7"));
-        // Several header lines are one list.
-        let h = headers(&[
-            ("x-forwarded-for", "6.6.6.6"),
-            ("x-forwarded-for", "203.0.113.7:5555"),
-        ]);
-        assert_eq!(c.client_ip(ip("10.0.0.1"), &h), ip("203.0.113.7"));
-        // No header: the proxy itself.
-        assert_eq!(
-            c.client_ip(ip("10.0.0.1"), &HeaderMap::new()),
-            ip("10.0.0.1")
-        );
-        // X-Real-IP when nothing else.
-        let h = headers(&[("x-real-ip", "203.0.113.8")]);
-        assert_eq!(c.client_ip(ip("10.0.0.1"), &h), ip("203.0.113.8"));
-        // An unreadable hop stops at the last trusted proxy.
-        let h = headers(&[("x-forwarded-for", "203.0.113.7, garbage, 10.1.1.1")]);
-        assert_eq!(c.client_ip(ip("10.0.0.1"), &h), ip("10.1.1.1"));
-    }
-
-    #[test]
-    fn forwarded_header_is_parsed() {
-        let h = headers(&[(
-            "forwarded",
-            "for=6.6.6.6;proto=http, For=\"[2001:db8:cafe::17]:4711\";by=10.0.0.2, for=unknown, proto=https",
-        )]);
-        assert_eq!(
-            forwarded_chain(&h),
-            vec![
-                Some(ip("6.6.6.6")),
-                Some(ip("2001:db8:cafe::17")),
-                None,
-                None
-            ]
-        );
-        let c = cfg(TrustedProxies::cidrs(&["10.0.0.0/8"]).unwrap());
-        let h = headers(&[
-            ("forwarded", "for=6.6.6.6, for=\"203.0.113.7:80\""),
-            ("x-forwarded-for", "1.1.1.1"),
-        ]);
-        assert_eq!(c.client_ip(ip("10.0.0.1"), &h), ip("203.0.113.7"));
-    }
-
-    #[test]
-    fn hop_count() {
-        let h = headers(&[("x-forwarded-for", "6.6.6.6, 203.0.113.7, 10.1.1.1")]);
-        assert_eq!(
-            cfg(TrustedProxies::Hops(0)).client_ip(ip("10.0.0.1"), &h),
-            ip("10.0.0.1")
-        );
-        assert_eq!(
-            cfg(TrustedProxies::Hops(1)).client_ip(ip("10.0.0.1"), &h),
-            ip("10.1.1.1")
-        );
-        assert_eq!(
-            cfg(TrustedProxies::Hops(2)).client_ip(ip("10.0.0.1"), &h),
-            ip("203.0.113.7")
-        );
-        assert_eq!(
-            cfg(TrustedProxies::Hops(9)).client_ip(ip("10.0.0.1"), &h),
-            ip("6.6.6.6")
-        );
-        assert_eq!(
-            cfg(TrustedProxies::Hops(1)).client_ip(ip("10.0.0.1"), &HeaderMap::new()),
-            ip("10.0.0.1")
-        );
-    }
-
-    #[test]
-    fn grouping() {
-        let c = ClientIpConfig::default();
-        assert_eq!(c.group(ip("203.0.113.7")).as_str(), "ip:203.0.113.7");
-        assert_eq!(c.group(ip("::ffff:203.0.113.7")).as_str(), "ip:203.0.113.7");
-        assert_eq!(
-            c.group(ip("2001:db8:1:2:aaaa::1")).as_str(),
-            "ip6:2001:db8:1:2::/64"
-        );
-        assert_eq!(
-            c.group(ip("2001:db8:1:2:bbbb::9")),
-            c.group(ip("2001:db8:1:2:aaaa::1"))
-        );
-        assert_ne!(
-            c.group(ip("2001:db8:1:3::1")),
-            c.group(ip("2001:db8:1:2::1"))
-        );
-        let c = ClientIpConfig {
-            ipv6_prefix: 48,
-            ipv4_prefix: 24,
-            ..Default::default()
-        };
-        assert_eq!(
-            c.group(ip("2001:db8:1:2::1")).as_str(),
-            "ip6:2001:db8:1::/48"
-        );
-        assert_eq!(c.group(ip("203.0.113.7")).as_str(), "ip:203.0.113.0/24");
-        let c = ClientIpConfig {
-            ipv6_prefix: 128,
-            ..Default::default()
-        };
-        assert_eq!(c.group(ip("2001:db8::1")).as_str(), "ip6:2001:db8::1");
-    }
-
-    #[test]
-    fn sources_in_order_then_ip() {
-        let key = [7u8; 32];
-        let r = IdentityResolver::new(
-            vec![
-                IdentitySource::api_key("x-api-key"),
-                IdentitySource::Bearer,
-                IdentitySource::Extension,
-            ],
-            key,
-            ClientIpConfig::default(),
-        );
-        let req = |pairs: &[(&'static str, &str)]| {
-            let mut b = http::Request::builder();
-            for (n, v) in pairs {
-                b = b.header(*n, *v);
-            }
-            let (mut parts, ()) = b.body(()).unwrap().into_parts();
-            parts.extensions.insert(ConnectInfo(
-                "198.51.100.9:1234".parse::<SocketAddr>().unwrap(),
-            ));
-            parts
-        };
-        let id = r.resolve(&req(&[
-            ("x-api-key", "sk_live_1"),
-            ("authorization", "Bearer t"),
-        ]));
-        assert_eq!(id, Identity::credential("key", b"sk_live_1", &key));
-        assert!(!id.as_str().contains("sk_live"));
-        let id = r.resolve(&req(&[("authorization", "bearer  tok ")]));
-        assert_eq!(id, Identity::credential("bearer", b"tok", &key));
-        let mut p = req(&[("x-api-key", "")]);
-        p.extensions.insert(Identity::new("user:42"));
-        assert_eq!(r.resolve(&p).as_str(), "user:42");
-        assert_eq!(r.resolve(&req(&[])).as_str(), "ip:198.51.100.9");
-        let custom = IdentityResolver::new(
-            vec![IdentitySource::custom(|p| {
-                p.uri.query().map(|q| Identity::new(format!("q:{q}")))
-            })],
-            key,
-            ClientIpConfig::default(),
-        );
-        let (mut parts, ()) = http::Request::get("/x?tenant")
-            .body(())
-            .unwrap()
-            .into_parts();
-        assert_eq!(custom.resolve(&parts).as_str(), "q:tenant");
-        parts.uri = "/x".parse().unwrap();
-        assert_eq!(custom.resolve(&parts).as_str(), "ip:unknown");
     }
 }

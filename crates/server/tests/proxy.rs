@@ -445,3 +445,49 @@ upstream = "http://{up}"
     assert_eq!(res.headers()["cache-control"], "no-store");
     s.stop().await;
 }
+
+#[tokio::test]
+async fn header_identities_that_are_not_plain_text_are_limited_on_their_own() {
+    let up = upstream().await;
+    let toml = format!(
+        r#"
+[policies.per-user]
+algorithm = "token-bucket"
+capacity = 1
+rate = "1/h"
+identity = "header:x-user"
+
+[[routes]]
+prefix = "/api"
+policies = ["per-user"]
+upstream = "http://{up}"
+"#
+    );
+    let s = start(&toml).await;
+    let c = client();
+    let status = |user: Option<Vec<u8>>| {
+        let mut req = c.get(s.proxy_url("/api/x"));
+        if let Some(u) = user {
+            req = req.header(
+                "x-user",
+                reqwest::header::HeaderValue::from_bytes(&u).unwrap(),
+            );
+        }
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    // Capacity 1 each: the first request of every distinct user passes, the second is denied.
+    let users: [Vec<u8>; 4] = [
+        b"\xffalice".to_vec(),
+        b"\xffbob".to_vec(),
+        vec![b'u'; 600],
+        vec![b'v'; 600],
+    ];
+    for user in &users {
+        assert_eq!(status(Some(user.clone())).await, 200, "{user:?}");
+        assert_eq!(status(Some(user.clone())).await, 429, "{user:?}");
+    }
+    // None of them spent the client IP's bucket.
+    assert_eq!(status(None).await, 200);
+    assert_eq!(status(None).await, 429);
+    s.stop().await;
+}

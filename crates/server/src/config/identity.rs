@@ -8,7 +8,8 @@ use sluice_http::IdentitySource as LayerSource;
 pub enum IdentitySource {
     /// The client address (after trusted proxies).
     Ip,
-    /// A request header, as is (an id set by an authenticating gateway).
+    /// A request header, as is (an id set by an authenticating gateway); a value that is not
+    /// plain text or is over 512 bytes is hashed (`sluice_http::identity::header_identity`).
     Header(http::HeaderName),
     /// A credential header (API key); hashed with the identity hash key before use.
     ApiKey(http::HeaderName),
@@ -46,17 +47,7 @@ impl IdentitySource {
             IdentitySource::Ip => None,
             IdentitySource::ApiKey(h) => Some(LayerSource::ApiKey(h.clone())),
             IdentitySource::Bearer => Some(LayerSource::Bearer),
-            IdentitySource::Header(h) => {
-                let h = h.clone();
-                Some(LayerSource::custom(move |parts| {
-                    parts
-                        .headers
-                        .get(&h)
-                        .and_then(|v| v.to_str().ok())
-                        .filter(|v| !v.is_empty() && v.len() <= sluice::core::key::MAX_IDENTITY_LEN)
-                        .map(|v| sluice::Identity::new(format!("hdr:{v}")))
-                }))
-            }
+            IdentitySource::Header(h) => Some(LayerSource::Header(h.clone())),
             IdentitySource::Global => Some(LayerSource::custom(|_| {
                 Some(sluice::Identity::new("global"))
             })),
