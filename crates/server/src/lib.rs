@@ -80,6 +80,9 @@ pub struct Listeners {
     pub grpc: TcpListener,
     /// Reverse proxy (only when routes are configured).
     pub proxy: Option<TcpListener>,
+    /// Operator endpoints (`/metrics`, `/admin/*`, health) on their own address, when
+    /// `server.admin` is set; the HTTP listener then serves neither `/metrics` nor `/admin/*`.
+    pub admin: Option<TcpListener>,
 }
 
 /// The addresses the listeners are bound to.
@@ -91,6 +94,8 @@ pub struct BoundAddrs {
     pub grpc: SocketAddr,
     /// Proxy listener, when open.
     pub proxy: Option<SocketAddr>,
+    /// Admin listener, when `server.admin` is set.
+    pub admin: Option<SocketAddr>,
 }
 
 async fn bind(addr: SocketAddr, what: &str) -> Result<TcpListener, ServeError> {
@@ -112,7 +117,16 @@ impl Listeners {
         } else {
             Some(bind(config.server.proxy, "proxy").await?)
         };
-        Ok(Self { http, grpc, proxy })
+        let admin = match config.server.admin {
+            Some(addr) => Some(bind(addr, "admin").await?),
+            None => None,
+        };
+        Ok(Self {
+            http,
+            grpc,
+            proxy,
+            admin,
+        })
     }
 
     /// The bound addresses.
@@ -122,6 +136,7 @@ impl Listeners {
             http: addr(&self.http),
             grpc: addr(&self.grpc),
             proxy: self.proxy.as_ref().map(addr),
+            admin: self.admin.as_ref().map(addr),
         }
     }
 }
@@ -171,11 +186,16 @@ async fn run_shared(
             listener::grpc::incoming(listeners.grpc, Arc::clone(&budget)),
             stopped(),
         );
+    let separate_admin = listeners.admin.is_some();
     let http = listener::http::serve(
         listener::http::HttpListener {
             name: "http",
             socket: listeners.http,
-            router: api::router(shared.clone()),
+            router: if separate_admin {
+                api::decision_router(shared.clone())
+            } else {
+                api::router(shared.clone())
+            },
             limits: conn_limits.clone(),
             reserved: Some(listener::http::api_reserved_paths),
             budget: Arc::clone(&budget),
@@ -198,22 +218,45 @@ async fn run_shared(
             None => Ok(()),
         }
     };
+    let admin = async {
+        match listeners.admin {
+            Some(socket) => {
+                let l = listener::http::HttpListener {
+                    name: "admin",
+                    socket,
+                    router: api::admin_router(shared.clone()),
+                    limits: conn_limits.clone(),
+                    reserved: Some(listener::http::api_reserved_paths),
+                    budget: Arc::clone(&budget),
+                };
+                listener::http::serve(l, stopped()).await
+            }
+            None => Ok(()),
+        }
+    };
     let watcher = reload::watch(shared.clone(), stopped());
 
     let proxy_addr = addrs
         .proxy
         .map_or_else(|| "off".to_owned(), |a| a.to_string());
+    let admin_addr = addrs
+        .admin
+        .map_or_else(|| "on the HTTP listener".to_owned(), |a| a.to_string());
+    for warning in startup_warnings(shared.runtime().config.as_ref()) {
+        tracing::warn!("{warning}");
+    }
     tracing::info!(
         http = %addrs.http,
         grpc = %addrs.grpc,
         proxy = %proxy_addr,
+        admin = %admin_addr,
         store = shared.runtime().limiter.store().kind(),
         max_connections = budget.max_connections(),
         nofile,
         "sluice serving"
     );
     let servers = async {
-        let (g, h, p, ()) = tokio::join!(grpc, http, proxy, watcher);
+        let (g, h, p, a, ()) = tokio::join!(grpc, http, proxy, admin, watcher);
         g?;
         h.map_err(|source| ServeError::Io {
             what: "HTTP listener".into(),
@@ -221,6 +264,10 @@ async fn run_shared(
         })?;
         p.map_err(|source| ServeError::Io {
             what: "proxy listener".into(),
+            source,
+        })?;
+        a.map_err(|source| ServeError::Io {
+            what: "admin listener".into(),
             source,
         })?;
         Ok::<(), ServeError>(())
@@ -249,6 +296,23 @@ fn listener_limits(config: &Config) -> (limits::ConnectionLimits, limits::GrpcLi
         config.server.connections.clone(),
         config.server.grpc_limits.clone(),
     )
+}
+
+/// What an operator should hear about at start, though the configuration is valid: settings
+/// that work on one machine but weaken the protection of a shared deployment.
+pub fn startup_warnings(config: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    let shared_store = config.store.url.trim() != "memory";
+    if shared_store && config.identity_hash_key == sluice::core::key::default_hash_key() {
+        out.push(
+            "identity_hash_key is not set: credentials are hashed with the built-in key, which \
+             is public, so anyone who can read the shared store can test guessed API keys \
+             against its key names; set identity_hash_key (such as \"env:SLUICE_IDENTITY_HASH_KEY\", \
+             64 hex digits) to the same secret on every instance"
+                .to_owned(),
+        );
+    }
+    out
 }
 
 /// Resolves on SIGTERM or ctrl-c.

@@ -55,9 +55,13 @@ pub async fn start_with(toml: &str, extra: &[(&str, &str)]) -> TestServer {
     std::fs::write(&file, toml).expect("write config");
     let mut config = Config::load(&file).unwrap_or_else(|e| panic!("test config invalid:\n{e}"));
     let any: SocketAddr = "127.0.0.1:0".parse().expect("addr");
-    config.server.http = any;
-    config.server.grpc = any;
-    config.server.proxy = any;
+    // As `sluice serve --http ... --grpc ...` would: reloads then keep these addresses.
+    config.override_listeners(crate::config::ListenerOverrides {
+        http: Some(any),
+        grpc: Some(any),
+        proxy: Some(any),
+        admin: config.server.admin.map(|_| any),
+    });
     let listeners = Listeners::bind(&config).await.expect("bind listeners");
     let addrs = listeners.addrs();
     let (tx, rx) = oneshot::channel::<()>();
@@ -85,6 +89,11 @@ impl TestServer {
             self.addrs.proxy.expect("proxy listener"),
             path
         )
+    }
+    /// `http://<admin listener><path>` (only when the configuration sets `server.admin`).
+    pub fn admin_url(&self, path: &str) -> String {
+        let admin = self.addrs.admin.expect("server.admin is not set");
+        format!("http://{admin}{path}")
     }
     /// `http://<gRPC listener>`.
     pub fn grpc_url(&self) -> String {

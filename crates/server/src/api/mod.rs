@@ -35,25 +35,58 @@ pub use sluice_http::headers::display_header_name;
 
 use crate::state::Shared;
 
-/// The router of the HTTP listener.
+/// The router of the HTTP listener: the decision API and the operator endpoints together.
 pub fn router(shared: Shared) -> Router {
+    decision_routes(shared.clone())
+        .merge(health_routes())
+        .merge(operator_routes())
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn(problem_for_bare_errors))
+        .with_state(shared)
+}
+
+/// The decision API and health alone, for the HTTP listener when `server.admin` moves
+/// `/metrics` and `/admin/*` to their own listener.
+pub fn decision_router(shared: Shared) -> Router {
+    decision_routes(shared.clone())
+        .merge(health_routes())
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn(problem_for_bare_errors))
+        .with_state(shared)
+}
+
+/// The operator endpoints (`/metrics`, `/admin/*`, health) for the separate admin listener.
+pub fn admin_router(shared: Shared) -> Router {
+    health_routes()
+        .merge(operator_routes())
+        .fallback(not_found)
+        .layer(axum::middleware::from_fn(problem_for_bare_errors))
+        .with_state(shared)
+}
+
+fn decision_routes(shared: Shared) -> Router<Shared> {
     let decisions = Router::new()
         .route("/v1/check", post(check::check))
         .route("/v1/release", post(check::release))
         .route_layer(axum::middleware::from_fn_with_state(
-            shared.clone(),
+            shared,
             auth::require_api_token,
         ));
     Router::new()
         .merge(decisions)
         .route("/openapi.json", get(openapi::openapi_json))
+}
+
+fn health_routes() -> Router<Shared> {
+    Router::new()
         .route("/healthz", get(admin::healthz))
         .route("/readyz", get(admin::readyz))
+}
+
+fn operator_routes() -> Router<Shared> {
+    Router::new()
         .route("/metrics", get(admin::metrics_text))
         .route("/admin/reload", post(admin::admin_reload))
-        .fallback(not_found)
-        .layer(axum::middleware::from_fn(problem_for_bare_errors))
-        .with_state(shared)
 }
 
 /// Gives a problem+json body to every client error that was answered without a body of its
