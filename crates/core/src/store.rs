@@ -73,6 +73,14 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     fn call_bound(&self) -> Option<std::time::Duration> {
         None
     }
+
+    /// How many entries the store dropped before they expired, by kind (the embedded store's
+    /// `at_rest` and `informative` evictions, see `docs/embedded-store.md`). Empty for stores
+    /// that never evict on their own (Redis evicts by its `maxmemory-policy`, which sluice
+    /// cannot see).
+    fn evictions(&self) -> Vec<(&'static str, u64)> {
+        Vec::new()
+    }
 }
 
 #[async_trait::async_trait]
@@ -96,5 +104,8 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn call_bound(&self) -> Option<std::time::Duration> {
         (**self).call_bound()
+    }
+    fn evictions(&self) -> Vec<(&'static str, u64)> {
+        (**self).evictions()
     }
 }

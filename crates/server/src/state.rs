@@ -78,6 +78,10 @@ impl Shared {
 
     /// The Prometheus text of every metric, if this process's recorder is ours.
     pub fn render_metrics(&self) -> Option<String> {
+        // Store-side counters are read when scraped rather than pushed on every decision.
+        for (kind, count) in self.runtime().limiter.store().evictions() {
+            metrics::counter!("sluice_store_evictions_total", "kind" => kind).absolute(count);
+        }
         self.0.metrics.as_ref().map(PrometheusHandle::render)
     }
 }
@@ -140,6 +144,10 @@ pub fn metrics_handle() -> Option<PrometheusHandle> {
 }
 
 fn describe_metrics() {
+    metrics::describe_counter!(
+        "sluice_store_evictions_total",
+        "Embedded store entries dropped before they expired: at_rest (no information lost) or informative (kept in the policy's conservative summary)"
+    );
     metrics::describe_counter!(
         "sluice_decisions_total",
         "Rate limit decisions by policy and outcome (allowed, denied, shadow_denied, failed_open, failed_closed)"

@@ -525,6 +525,11 @@ impl Store for MemoryStore {
     fn kind(&self) -> &'static str {
         "memory"
     }
+
+    fn evictions(&self) -> Vec<(&'static str, u64)> {
+        let c = self.eviction_counts();
+        vec![("at_rest", c.at_rest), ("informative", c.informative)]
+    }
 }
 
 #[cfg(test)]
