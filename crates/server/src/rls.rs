@@ -5,7 +5,9 @@
 //! asks the limiter, in one all-or-nothing `check_many`, then answers with a status per
 //! descriptor. Every status is filled (code, current_limit, limit_remaining,
 //! duration_until_reset) so Envoy can emit its own `x-ratelimit-*` headers, and
-//! `response_headers_to_add` carries the draft RateLimit fields and `Retry-After`.
+//! `response_headers_to_add` carries the draft RateLimit fields and `Retry-After`, from the
+//! same `sluice_http::headers` logic as every HTTP answer (a sharded policy shown whole,
+//! `Retry-After` only where retrying can cure the denial).
 //!
 //! When the store does not answer the call fails with `UNAVAILABLE` instead of guessing:
 //! Envoy's own `failure_mode_deny` then decides, which is where that choice belongs for
@@ -21,8 +23,8 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice::core::{Clock, SystemClock};
-use sluice::{Decision, DenyReason, Verdict};
-use sluice_http::headers::{HeaderOptions, rate_limit_headers};
+use sluice::{Decision, Verdict};
+use sluice_http::headers::{HeaderOptions, Shown, display_header_name, rate_limit_headers};
 use tonic::{Request, Response, Status};
 
 use crate::envoy::{Limit, LimitCheck, Plan, RequestDescriptor, plan};
@@ -123,13 +125,13 @@ impl<'p> DescriptorItem<'p> {
                     ..Default::default()
                 }
             }
-            Plan::Check(LimitCheck { limit, .. }) => match decision {
+            Plan::Check(LimitCheck { limit, policy, .. }) => match decision {
                 None => DescriptorStatus {
                     current_limit: current_limit(limit),
                     ..ok_status(0)
                 },
                 Some(d) => {
-                    let denied = !d.allowed && d.reason != Some(DenyReason::OtherLimitDenied);
+                    let denied = d.denies();
                     let code = if denied && !limit.shadow {
                         Code::OverLimit
                     } else {
@@ -143,7 +145,9 @@ impl<'p> DescriptorItem<'p> {
                     DescriptorStatus {
                         code: code as i32,
                         current_limit: current_limit(limit),
-                        limit_remaining: d.remaining.min(u64::from(u32::MAX)) as u32,
+                        // The whole policy's remaining count, as the HTTP answers show it.
+                        limit_remaining: Shown::new(policy, d).remaining().min(u64::from(u32::MAX))
+                            as u32,
                         duration_until_reset: Some(proto_duration(until)),
                         ..Default::default()
                     }
@@ -239,31 +243,16 @@ impl RateLimitService for RlsService {
                 ratelimit: true,
                 legacy: rt.config.legacy_headers,
             };
+            // `Retry-After` comes from the shared lead: the longest wait among the enforced
+            // denials that retrying can cure. A limit of 0 or a cost above the quota is never
+            // cured, so (as in the HTTP answers) it gets none.
             for (n, v) in rate_limit_headers(c, &opts) {
-                // The draft's Retry-After belongs to denials only; Envoy decides those here.
-                if n == http::header::RETRY_AFTER && !over {
-                    continue;
-                }
                 headers.push(EnvoyHeader {
-                    key: crate::api::display_header_name(n.as_str()),
+                    key: display_header_name(n.as_str()),
                     value: v.to_str().unwrap_or("").to_string(),
                     raw_value: Vec::new(),
                 });
             }
-        }
-        if over && !headers.iter().any(|h| h.key == "Retry-After") {
-            let wait = statuses
-                .iter()
-                .filter(|s| s.code == Code::OverLimit as i32)
-                .filter_map(|s| s.duration_until_reset.as_ref())
-                .map(|d| d.seconds as u64 * 1000 + (d.nanos as u64).div_ceil(1_000_000))
-                .max()
-                .unwrap_or(1000);
-            headers.push(EnvoyHeader {
-                key: "Retry-After".into(),
-                value: sluice_http::headers::retry_after_secs(wait).to_string(),
-                raw_value: Vec::new(),
-            });
         }
         let overall = if over { Code::OverLimit } else { Code::Ok };
         metrics::counter!("sluice_rls_requests_total", "domain" => domain_label, "code" => if over { "over_limit" } else { "ok" })

@@ -265,6 +265,27 @@ async fn replaces_drops_the_named_limit() {
 }
 
 #[tokio::test]
+async fn a_denial_retrying_cannot_cure_has_no_retry_after() {
+    let (s, mut c) = server().await;
+    let ip = || vec![desc(&[("remote_address", "big")])];
+    // 5 hits on a limit of 3 per minute: over limit now and at every later time.
+    let r = ask(&mut c, 5, ip()).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(status(&r).code, Code::OverLimit as i32);
+    assert!(header(&r, "Retry-After").is_none(), "{r:?}");
+    assert!(header(&r, "RateLimit").unwrap().contains(";r=3;"), "{r:?}");
+    // Nothing was consumed: three single hits still pass, the fourth waits.
+    for left in [2, 1, 0] {
+        assert_eq!(status(&ask(&mut c, 1, ip()).await).limit_remaining, left);
+    }
+    let r = ask(&mut c, 1, ip()).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    let retry: u64 = header(&r, "Retry-After").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&retry));
+    s.stop().await;
+}
+
+#[tokio::test]
 async fn shadow_mode_counts_but_answers_ok() {
     let (s, mut c) = server().await;
     for left in [0, 0, 0] {
