@@ -1,0 +1,243 @@
+// The core API against real stores: the embedded one and a redis-server of the test's own.
+// Admitted counts are checked against arithmetic; numbers and header values against the
+// guide's worked example.
+'use strict';
+
+const { test, before, after, describe } = require('node:test');
+const assert = require('node:assert/strict');
+const { Limiter, Policy } = require('sluice');
+const { startRedis, freshIdentity } = require('../test-support/support');
+
+let redis;
+before(async () => {
+  redis = await startRedis();
+});
+after(async () => {
+  await redis?.stop();
+});
+
+const stores = () => [
+  ['memory', 'memory'],
+  ['redis', redis.url],
+];
+
+// Quotas of 5 that refill or slide far too slowly to matter within a test: 8 quick checks
+// admit exactly 5.
+const FIVE = {
+  tokenBucket: () => Policy.tokenBucket('tb', { capacity: 5, rate: '1/h' }),
+  gcra: () => Policy.gcra('gcra', { rate: '1/h', burst: 4 }),
+  leakyBucket: () => Policy.leakyBucket('lb', { capacity: 5, rate: '1/h' }),
+  fixedWindow: () => Policy.fixedWindow('fw', { limit: 5, window: '1d' }),
+  slidingCounter: () => Policy.slidingCounter('sc', { limit: 5, window: '1h' }),
+  slidingLog: () => Policy.slidingLog('sl', { limit: 5, window: 3600 }),
+  concurrency: () => Policy.concurrency('cc', { limit: 5, lease: '1m' }),
+};
+
+describe('every algorithm admits its quota exactly', () => {
+  for (const [algorithm, make] of Object.entries(FIVE)) {
+    test(`${algorithm} on memory and on Redis`, async () => {
+      for (const [store, url] of stores()) {
+        const limiter = await Limiter.connect(url, { timeoutMs: 2000 });
+        const policy = make();
+        const id = freshIdentity();
+        const results = [];
+        for (let i = 0; i < 8; i++) results.push(await limiter.check(policy, id));
+        const admitted = results.filter((r) => r.allowed).length;
+        assert.equal(admitted, 5, `${algorithm} on ${store}`);
+        assert.deepEqual(
+          results.map((r) => r.allowed),
+          [true, true, true, true, true, false, false, false],
+          `${algorithm} on ${store}: the first five pass`,
+        );
+        assert.deepEqual(results.slice(0, 5).map((r) => r.remaining), [4, 3, 2, 1, 0], `${algorithm} on ${store}`);
+        for (const r of results) assert.equal(r.limit, 5);
+        const denied = results[5];
+        assert.equal(denied.verdict, 'decided');
+        assert.equal(denied.reason, 'limited');
+        assert.ok(denied.retryAfterMs > 0, `${algorithm} on ${store}: a denial says when to retry`);
+        assert.equal(denied.headers['Retry-After'], String(Math.max(1, Math.ceil(denied.retryAfterMs / 1000))));
+      }
+    });
+  }
+
+  test('concurrent checks on Redis admit exactly the quota', async () => {
+    const limiter = await Limiter.connect(redis.url, { timeoutMs: 2000 });
+    for (const [algorithm, make] of Object.entries(FIVE)) {
+      const policy = make();
+      const id = freshIdentity();
+      const results = await Promise.all(Array.from({ length: 40 }, () => limiter.check(policy, id)));
+      assert.equal(results.filter((r) => r.allowed).length, 5, algorithm);
+    }
+  });
+});
+
+test('costs are taken from the quota', async () => {
+  for (const [store, url] of stores()) {
+    const limiter = await Limiter.connect(url, { timeoutMs: 2000 });
+    const policy = Policy.tokenBucket('costly', { capacity: 10, rate: '1/h' });
+    const id = freshIdentity();
+    const admitted = [];
+    for (let i = 0; i < 5; i++) admitted.push((await limiter.check(policy, id, { cost: 3 })).allowed);
+    // 10 tokens, 3 a check: three checks (9), then 1 token left, too few for a fourth.
+    assert.deepEqual(admitted, [true, true, true, false, false], store);
+    const one = await limiter.check(policy, id, { cost: 1 });
+    assert.equal(one.allowed, true, store);
+    assert.equal(one.remaining, 0, store);
+    const never = await limiter.check(policy, freshIdentity(), { cost: 11 });
+    assert.equal(never.allowed, false);
+    assert.equal(never.reason, 'cost_exceeds_limit');
+  }
+});
+
+test("the guide's bucket: numbers and headers of 12 quick checks", async () => {
+  for (const [store, url] of stores()) {
+    const limiter = await Limiter.connect(url, { timeoutMs: 2000 });
+    const burst = Policy.tokenBucket('burst', { capacity: 10, rate: '5/s' });
+    const id = freshIdentity();
+    const results = [];
+    for (let i = 0; i < 12; i++) results.push(await limiter.check(policy(burst), id));
+    assert.deepEqual(results.slice(0, 11).map((r) => r.allowed), [...Array(10).fill(true), false], store);
+    const first = results[0];
+    assert.equal(first.limit, 10);
+    assert.equal(first.remaining, 9);
+    assert.equal(first.headers['RateLimit-Policy'], '"burst";q=10;w=2');
+    assert.equal(first.headers.RateLimit, '"burst";r=9;t=1');
+    assert.equal(first.headers['Retry-After'], undefined);
+    const denied = results[10];
+    assert.equal(denied.headers['RateLimit-Policy'], '"burst";q=10;w=2');
+    assert.equal(denied.headers.RateLimit, '"burst";r=0;t=2');
+    assert.equal(denied.headers['Retry-After'], '1');
+    assert.ok(denied.retryAfterMs >= 1 && denied.retryAfterMs <= 200, `${store}: ${denied.retryAfterMs}`);
+    assert.ok(denied.resetAfterMs > 1800 && denied.resetAfterMs <= 2000, `${store}: ${denied.resetAfterMs}`);
+    // 5 tokens a second: 250 ms later one more check passes.
+    await new Promise((r) => setTimeout(r, 250));
+    assert.equal((await limiter.check(burst, id)).allowed, true, store);
+  }
+  function policy(p) {
+    return p;
+  }
+});
+
+test('credentials are hashed into the identity the Rust layer uses', async () => {
+  const limiter = await Limiter.connect('memory');
+  const id = limiter.credentialIdentity('sk_live_1');
+  assert.match(id, /^key:h[0-9a-f]{32}$/);
+  assert.equal(limiter.credentialIdentity(Buffer.from('sk_live_1')), id);
+  assert.notEqual(limiter.credentialIdentity('sk_live_2'), id);
+  const policy = Policy.fixedWindow('api', { limit: 2, window: '1m' });
+  assert.equal(limiter.key(policy, id), `rl:{${id}}:api`);
+  // A credential check and an identity check of its hash share one bucket.
+  assert.equal((await limiter.check(policy, { credential: 'sk_live_1' })).allowed, true);
+  assert.equal((await limiter.check(policy, id)).allowed, true);
+  assert.equal((await limiter.check(policy, null, { credential: 'sk_live_1' })).allowed, false);
+  // Another hash key, another identity.
+  const other = await Limiter.connect('memory', { hashKey: 'ab'.repeat(32) });
+  assert.notEqual(other.credentialIdentity('sk_live_1'), id);
+});
+
+test('concurrency leases are released through the result', async () => {
+  for (const [store, url] of stores()) {
+    const limiter = await Limiter.connect(url, { timeoutMs: 2000 });
+    const policy = Policy.concurrency('inflight', { limit: 2 });
+    const id = freshIdentity();
+    const a = await limiter.check(policy, id);
+    const b = await limiter.check(policy, id);
+    assert.equal((await limiter.check(policy, id)).allowed, false, store);
+    assert.equal(typeof a.leaseToken, 'string');
+    assert.equal(await a.release(), 1, store);
+    assert.equal(await a.release(), 0, 'a second release gives nothing back');
+    const c = await limiter.check(policy, id);
+    assert.equal(c.allowed, true, `${store}: the released slot is free again`);
+    assert.equal(await limiter.release(policy, b.leaseToken), 1, `${store}: by token`);
+    await c.release();
+  }
+});
+
+test('bad input is refused with clear errors', async () => {
+  const limiter = await Limiter.connect('memory');
+  const refused = (fn, pattern) => assert.throws(fn, (e) => e.code === 'InvalidArg' && pattern.test(e.message));
+  refused(() => Policy.gcra('g', { rate: '5/s', capacity: 3 }), /gcra takes no capacity/);
+  refused(() => Policy.tokenBucket('t', { capacity: 10 }), /rate/);
+  refused(() => Policy.tokenBucket('t', { capcity: 10, rate: '5/s' }), /unknown option "capcity"/);
+  refused(() => Policy.fixedWindow('f', { limit: -1, window: '1s' }), /limit must be a whole number/);
+  refused(() => Policy.fixedWindow('f', { limit: 1.5, window: '1s' }), /limit must be a whole number/);
+  refused(() => Policy.tokenBucket('t', { capacity: 10, rate: 'fast' }), /invalid rate "fast"/);
+  refused(() => Policy.fixedWindow('bad name!', { limit: 1, window: '1s' }), /policy "bad name!"/);
+  refused(() => Policy.fixedWindow('f', { limit: 1, window: '1s', failureMode: 'maybe' }), /failureMode/);
+  const p = Policy.fixedWindow('f', { limit: 1, window: '1s' });
+  await assert.rejects(limiter.check(p), /missing identity/);
+  await assert.rejects(limiter.check(p, 'user:1', { credential: 'k' }), /either an identity or \{ credential \}/);
+  await assert.rejects(limiter.check(p, 'user:1', { cost: -2 }), /cost must be a whole number/);
+  await assert.rejects(limiter.check({}, 'user:1'), /must be a Policy/);
+  await assert.rejects(Limiter.connect('postgres://x'), (e) => /postgres/.test(e.message));
+  await assert.rejects(Limiter.connect('memory', { hashKey: 'short' }), /hashKey must be 64 hex digits/);
+});
+
+test('policies describe themselves', () => {
+  const p = Policy.slidingLog('search', { limit: 30, window: '1m', failureMode: 'closed', shards: 2 });
+  assert.equal(p.name, 'search');
+  assert.equal(p.algorithm, 'sliding-log');
+  assert.equal(p.quota, 30);
+  assert.equal(p.windowMs, 60_000);
+  assert.equal(p.failureMode, 'closed');
+  assert.equal(p.shards, 2);
+  assert.equal(p.shadow, false);
+});
+
+test('a shadow policy counts but never denies', async () => {
+  const limiter = await Limiter.connect('memory');
+  const p = Policy.fixedWindow('trial', { limit: 1, window: '1m', shadow: true });
+  const id = freshIdentity();
+  assert.equal((await limiter.check(p, id)).allowed, true);
+  const second = await limiter.check(p, id);
+  assert.equal(second.allowed, true);
+  assert.deepEqual(second.headers, {}, 'shadow policies are not shown to clients');
+});
+
+test('the event loop keeps running while Redis is slow to answer', async () => {
+  const limiter = await Limiter.connect(redis.url, { timeoutMs: 2000 });
+  const p = Policy.fixedWindow('slow', { limit: 100, window: '1m' });
+  const id = freshIdentity();
+  await limiter.check(p, id); // connected and scripts loaded
+  // The server is frozen for 400 ms; the check waits that long on the tokio runtime.
+  redis.pause();
+  const resumed = new Promise((r) =>
+    setTimeout(() => {
+      redis.resume();
+      r();
+    }, 400),
+  );
+  const started = Date.now();
+  let ticks = 0;
+  const timer = setInterval(() => ticks++, 10);
+  const result = await limiter.check(p, id);
+  clearInterval(timer);
+  await resumed;
+  const waited = Date.now() - started;
+  assert.equal(result.allowed, true);
+  assert.ok(waited >= 250, `the check waited for Redis (${waited} ms)`);
+  // A blocked loop would run no timer at all while the check was in flight.
+  assert.ok(ticks >= 10, `timers kept firing: ${ticks} ticks in ${waited} ms`);
+});
+
+test('with Redis stopped, open policies admit and closed ones deny, quickly', async () => {
+  const down = await startRedis();
+  const limiter = await Limiter.connect(down.url, { timeoutMs: 50 });
+  await down.stop();
+  const open = Policy.fixedWindow('open', { limit: 1, window: '1m' });
+  const closed = Policy.fixedWindow('closed', { limit: 100, window: '1m', failureMode: 'closed' });
+  for (let i = 0; i < 3; i++) {
+    const started = Date.now();
+    const a = await limiter.check(open, 'user:1');
+    const b = await limiter.check(closed, 'user:1');
+    assert.ok(Date.now() - started < 1000);
+    assert.equal(a.allowed, true);
+    assert.equal(a.verdict, 'failed_open');
+    assert.deepEqual(a.headers, {}, 'nothing was decided, nothing is described');
+    assert.equal(b.allowed, false);
+    assert.equal(b.verdict, 'failed_closed');
+    assert.equal(b.reason, 'store_unavailable');
+    assert.equal(b.retryAfterMs, 1000);
+    assert.deepEqual(b.headers, { 'Retry-After': '1' });
+  }
+});
