@@ -22,7 +22,8 @@ async function sluicePlugin(fastify, options) {
     for (let i = 0; i < h.length; i += 2) reply.header(h[i], h[i + 1]);
     if (!verdict.allowed) {
       reply.code(verdict.status);
-      return reply.send(verdict.body);
+      // A Buffer, so the content type stays exactly the guard's (no added charset).
+      return reply.send(Buffer.from(verdict.body));
     }
   });
 }
