@@ -41,7 +41,13 @@ async fn refused_and_still_enforced(bad: &str, needle: &str) {
         "refused with a 4xx, got {}",
         res.status()
     );
+    assert_eq!(
+        res.headers()["content-type"],
+        "application/problem+json",
+        "a refusal is a problem document"
+    );
     let v: Value = res.json().await.unwrap();
+    assert_eq!(v["status"], 422);
     assert_eq!(v["reloaded"], false);
     assert_eq!(v["generation"], 1, "the running configuration stays");
     let err = v["errors"][0].as_str().unwrap();

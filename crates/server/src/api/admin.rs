@@ -66,9 +66,28 @@ pub(super) async fn admin_reload(State(shared): State<Shared>, req: Request) -> 
             StatusCode::OK,
             &json!({ "reloaded": true, "generation": generation }),
         ),
-        Err(errors) => json_response(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            &json!({ "reloaded": false, "generation": shared.runtime().generation, "errors": errors }),
-        ),
+        Err(errors) => {
+            // A problem document like every other error of this listener, with the file's
+            // errors and the generation still running as extension members.
+            let detail = format!(
+                "the configuration was not reloaded; the running one stays in force: {}",
+                errors.join("; ")
+            );
+            let body = json!({
+                "type": "about:blank",
+                "title": "Unprocessable Content",
+                "status": 422,
+                "detail": detail,
+                "reloaded": false,
+                "generation": shared.runtime().generation,
+                "errors": errors,
+            });
+            (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                [(CONTENT_TYPE, "application/problem+json")],
+                body.to_string(),
+            )
+                .into_response()
+        }
     }
 }
