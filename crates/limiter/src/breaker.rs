@@ -107,6 +107,12 @@ impl CircuitBreaker {
         }
     }
 
+    /// The probe call never reached the store (sluice itself was saturated): says nothing
+    /// about the store, so the next call may probe.
+    pub fn abandon_probe(&self) {
+        self.inner.lock().probing = false;
+    }
+
     /// True while calls are being rejected.
     pub fn is_open(&self) -> bool {
         self.inner.lock().open_until.is_some()

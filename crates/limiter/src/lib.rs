@@ -2,8 +2,10 @@
 //!
 //! A [`Limiter`] turns `(identity, policy, cost)` into a verdict. It owns the pieces that are
 //! the same whatever the store: building key names, hot-key sharding, shadow policies, the
-//! per-call timeout, the policy's failure mode (fail open or closed) and a circuit breaker
-//! that stops waiting on a store that is down. The store itself is chosen by URL
+//! per-call timeout, the policy's failure mode (fail open, fail closed, or decide locally) and
+//! a circuit breaker that stops waiting on a store that is down. A store that is merely busy
+//! is not failing: a check that cannot be decided because sluice itself is saturated is
+//! denied (`StoreError::Overloaded`), never failed open. The store itself is chosen by URL
 //! ([`StoreUrl`]): `memory` (the embedded default), `redis://`, `rediss://`,
 //! `redis+cluster://host:port,host:port`.
 //!
@@ -11,6 +13,8 @@
 //! - [`limiter`]: [`Limiter`], [`Checked`], [`LimitResult`], [`Lease`].
 //! - [`breaker`]: the circuit breaker.
 //! - [`deny_cache`]: the local deny cache that answers repeated denials without the store.
+//! - [`local`]: `failure_mode = "local"`, the embedded store that decides while the store is
+//!   unreachable.
 //! - [`lease_token`]: a check's concurrency leases as text, to release in a later request.
 //! - [`url`]: store selection by URL.
 //!
@@ -26,11 +30,13 @@ pub mod breaker;
 pub mod deny_cache;
 pub mod lease_token;
 pub mod limiter;
+pub mod local;
 pub mod url;
 
 pub use deny_cache::DenyCacheMode;
 pub use lease_token::{LeaseToken, LeaseTokenError, TokenLease};
 pub use limiter::{Checked, Lease, LimitResult, Limiter, LimiterBuilder, Verdict};
+pub use local::{InvalidLocalShare, LocalShare};
 pub use sluice_core as core;
 pub use sluice_core::{
     Algorithm, Decision, DenyReason, FailureMode, Identity, KeyScheme, LeakyMode, Policy, Rate,

@@ -13,6 +13,7 @@ use sluice_core::{
 
 use crate::breaker::{Admission, BreakerConfig, CircuitBreaker};
 use crate::deny_cache::{DenyCache, DenyCacheMode};
+use crate::local::{LocalFallback, LocalShare};
 
 /// How the verdict of a check was reached.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -107,9 +108,16 @@ pub struct LimiterBuilder {
     global_shadow: bool,
     log_interval: Duration,
     deny_cache: DenyCacheMode,
+    local_share: LocalShare,
 }
 
 impl LimiterBuilder {
+    /// The share of each policy's limit this instance grants on its own while the store is
+    /// unreachable, for policies with [`FailureMode::Local`] (default: the whole limit).
+    pub fn local_share(mut self, share: LocalShare) -> Self {
+        self.local_share = share;
+        self
+    }
     /// Which denials are remembered locally so repeated requests skip the store until their
     /// retry time (default [`DenyCacheMode::Auto`]: exact algorithms, remote stores only).
     pub fn deny_cache(mut self, mode: DenyCacheMode) -> Self {
@@ -157,6 +165,7 @@ impl LimiterBuilder {
                 deny_mode,
                 deny_cache: (deny_mode != DenyCacheMode::Off)
                     .then(|| DenyCache::new(DENY_CACHE_CAPACITY)),
+                local: LocalFallback::new(self.local_share),
             }),
         }
     }
@@ -174,6 +183,7 @@ struct Inner {
     started: Instant,
     deny_mode: DenyCacheMode,
     deny_cache: Option<DenyCache>,
+    local: LocalFallback,
 }
 
 /// One policy of a check on its way through [`Limiter::check_many`]: the result being filled
@@ -247,6 +257,7 @@ impl Limiter {
             global_shadow: false,
             log_interval: Duration::from_secs(10),
             deny_cache: DenyCacheMode::Auto,
+            local_share: LocalShare::WHOLE,
         }
     }
 
@@ -325,11 +336,43 @@ impl Limiter {
                     if call.shadow {
                         continue;
                     }
-                    let closed = call
-                        .items
-                        .iter()
-                        .any(|&i| planned[i].result.policy.failure_mode == FailureMode::Closed);
-                    self.note_failure(&e, closed);
+                    // sluice itself is saturated: answered conservatively, never failed open.
+                    if matches!(e, StoreError::Overloaded(_)) {
+                        verdict = Verdict::FailedClosed(e);
+                        enforced_denied = true;
+                        break;
+                    }
+                    let mode = |i: usize| planned[i].result.policy.failure_mode;
+                    let mut closed = call.items.iter().any(|&i| mode(i) == FailureMode::Closed);
+                    if !closed && call.items.iter().any(|&i| mode(i) == FailureMode::Local) {
+                        let local: Vec<usize> = call
+                            .items
+                            .iter()
+                            .copied()
+                            .filter(|&i| mode(i) == FailureMode::Local)
+                            .collect();
+                        let items: Vec<CheckItem<'_>> =
+                            local.iter().map(|&i| planned[i].check_item()).collect();
+                        if let Some(MultiDecision { allowed, decisions }) =
+                            inner.local.check(&items)
+                        {
+                            self.note_failure(&e, "local");
+                            for (&i, d) in local.iter().zip(decisions) {
+                                planned[i].result.decision = Some(d);
+                            }
+                            // Open policies of the same call still fail open.
+                            if local.len() < call.items.len() {
+                                verdict = Verdict::FailedOpen(e);
+                            }
+                            if !allowed {
+                                enforced_denied = true;
+                            }
+                            continue;
+                        }
+                        // No embedded store in this build: the conservative answer.
+                        closed = true;
+                    }
+                    self.note_failure(&e, if closed { "closed" } else { "open" });
                     verdict = if closed {
                         Verdict::FailedClosed(e)
                     } else {
@@ -358,6 +401,7 @@ impl Limiter {
                 (Some(d), _) if d.allowed => "allowed",
                 (Some(_), _) if l.policy.shadow || inner.global_shadow => "shadow_denied",
                 (Some(_), _) => "denied",
+                (None, Verdict::FailedClosed(StoreError::Overloaded(_))) => "overloaded",
                 (None, Verdict::FailedClosed(_)) => "failed_closed",
                 (None, _) => "failed_open",
             };
@@ -472,13 +516,34 @@ impl Limiter {
     /// Releases a concurrency lease. Errors are returned, not retried: an unreleased lease
     /// expires after the policy's lease timeout.
     pub async fn release(&self, lease: &Lease) -> Result<bool, StoreError> {
-        let fut = self
-            .inner
-            .store
-            .release(&lease.key, &lease.algorithm, &lease.id);
-        match tokio::time::timeout(self.inner.timeout, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout(self.inner.timeout.as_millis() as u64)),
+        let inner = &*self.inner;
+        // A lease taken in local mode is held by the embedded store.
+        if inner.local.release(&lease.key, &lease.id) {
+            return Ok(true);
+        }
+        let fut = inner.store.release(&lease.key, &lease.algorithm, &lease.id);
+        self.bounded(fut).await
+    }
+
+    /// Awaits a store call under the right bound. A store that bounds its own calls (queue
+    /// wait and round trip, [`Store::call_bound`]) reports its own timeouts; outliving its
+    /// bound means this process is saturated, which is not a store failure. Otherwise the
+    /// per-call timeout bounds the whole call.
+    async fn bounded<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        let inner = &*self.inner;
+        match inner.store.call_bound() {
+            Some(bound) => tokio::time::timeout(bound, call).await.unwrap_or_else(|_| {
+                Err(StoreError::Overloaded(format!(
+                    "no answer within the store's call bound of {} ms",
+                    bound.as_millis()
+                )))
+            }),
+            None => tokio::time::timeout(inner.timeout, call)
+                .await
+                .unwrap_or_else(|_| Err(StoreError::Timeout(inner.timeout.as_millis() as u64))),
         }
     }
 
@@ -490,16 +555,21 @@ impl Limiter {
             return Err(StoreError::Unavailable("circuit breaker open".into()));
         }
         let start = Instant::now();
-        let result = match tokio::time::timeout(inner.timeout, inner.store.check(items)).await {
-            Ok(r) => r,
-            Err(_) => Err(StoreError::Timeout(inner.timeout.as_millis() as u64)),
-        };
+        let result = self.bounded(inner.store.check(items)).await;
         metrics::histogram!("sluice_store_duration_seconds", "store" => inner.store.kind())
             .record(start.elapsed().as_secs_f64());
         match &result {
             Ok(_) => inner.breaker.success(),
             // An invalid request says nothing about the store's health.
             Err(StoreError::Invalid(_)) => {}
+            // Neither does sluice's own saturation: the call never reached the store.
+            Err(StoreError::Overloaded(_)) => {
+                metrics::counter!("sluice_store_queue_overloaded_total").increment(1);
+                if admission == Admission::Probe {
+                    // The probe never reached the store: let the next call probe.
+                    inner.breaker.abandon_probe();
+                }
+            }
             Err(e) => {
                 let kind = match e {
                     StoreError::Timeout(_) => "timeout",
@@ -513,9 +583,10 @@ impl Limiter {
         result
     }
 
-    fn note_failure(&self, e: &StoreError, closed: bool) {
+    /// Counts and (at most once per interval) logs a store failure answered by `mode`
+    /// (`open`, `closed` or `local`).
+    fn note_failure(&self, e: &StoreError, mode: &'static str) {
         let inner = &*self.inner;
-        let mode = if closed { "closed" } else { "open" };
         metrics::counter!("sluice_store_failures_total", "mode" => mode).increment(1);
         let now = inner.started.elapsed().as_millis() as u64 + 1;
         let last = inner.last_log_ms.load(Ordering::Relaxed);
@@ -525,7 +596,11 @@ impl Limiter {
                 .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
                 .is_ok()
         {
-            tracing::warn!(error = %e, store = inner.store.kind(), "rate limit store failed; failing {mode}");
+            if mode == "local" {
+                tracing::warn!(error = %e, store = inner.store.kind(), "rate limit store failed; deciding locally");
+            } else {
+                tracing::warn!(error = %e, store = inner.store.kind(), "rate limit store failed; failing {mode}");
+            }
         }
     }
 
