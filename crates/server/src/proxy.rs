@@ -11,8 +11,10 @@
 //! describes every policy of the route. Routes are matched with the layer's own [`Rule`].
 //!
 //! Forwarding streams both bodies (nothing is buffered), drops hop-by-hop headers, and appends
-//! the client's address to `X-Forwarded-For` so the upstream sees who called. The route
-//! table is rebuilt when the configuration generation changes.
+//! the client's address to `X-Forwarded-For` so the upstream sees who called. Connecting to an
+//! upstream is bounded by `proxy.connect_timeout` (502 past it) and waiting for its response
+//! head by `proxy.upstream_timeout` (504), so a stuck upstream never holds a request forever.
+//! The route table is rebuilt when the configuration generation changes.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -42,6 +44,10 @@ type HttpClient = Client<HttpConnector, Body>;
 #[derive(Debug)]
 struct Table {
     generation: u64,
+    /// The upstream client, built with this connect timeout; kept across reloads that leave
+    /// the timeout alone, so pooled upstream connections survive them.
+    client: HttpClient,
+    connect_timeout: Duration,
     /// Each route's rule (prefix, methods, all its policies) and service, in the order
     /// [`Rule::precedence`] tries them: the same matching as the tower layer's.
     routes: Vec<(Rule, RouteService)>,
@@ -50,7 +56,6 @@ struct Table {
 #[derive(Debug, Clone)]
 struct ProxyState {
     shared: Shared,
-    client: HttpClient,
     table: Arc<Mutex<Option<Arc<Table>>>>,
 }
 
@@ -60,13 +65,26 @@ impl ProxyState {
         if let Some(t) = cached.as_ref().filter(|t| t.generation == rt.generation) {
             return Arc::clone(t);
         }
-        let t = Arc::new(build_table(rt, &self.client));
+        let connect_timeout = rt.config.proxy.connect_timeout;
+        let client = match cached.as_ref() {
+            Some(t) if t.connect_timeout == connect_timeout => t.client.clone(),
+            _ => http_client(connect_timeout),
+        };
+        let t = Arc::new(build_table(rt, client));
         *cached = Some(Arc::clone(&t));
         t
     }
 }
 
-fn build_table(rt: &Runtime, client: &HttpClient) -> Table {
+/// The client that forwards to upstreams: no Nagle delay, connects bounded by `connect_timeout`.
+fn http_client(connect_timeout: Duration) -> HttpClient {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(connect_timeout));
+    Client::builder(TokioExecutor::new()).build(connector)
+}
+
+fn build_table(rt: &Runtime, client: HttpClient) -> Table {
     let config = &rt.config;
     let client_ip = ClientIpConfig {
         trusted: config.proxy.trusted_proxies.clone(),
@@ -123,6 +141,8 @@ fn build_table(rt: &Runtime, client: &HttpClient) -> Table {
     routes.sort_by(|a, b| a.0.precedence(&b.0));
     Table {
         generation: rt.generation,
+        client,
+        connect_timeout: config.proxy.connect_timeout,
         routes,
     }
 }
@@ -266,30 +286,11 @@ async fn dispatch(State(state): State<ProxyState>, req: Request) -> Response {
 /// The proxy as a router: every request goes through route matching, the route's policies and
 /// then the upstream.
 pub fn router(shared: Shared) -> axum::Router {
-    let mut connector = HttpConnector::new();
-    connector.set_nodelay(true);
-    connector.set_connect_timeout(Some(Duration::from_secs(5)));
-    let client: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
     let state = ProxyState {
         shared,
-        client,
         table: Arc::new(Mutex::new(None)),
     };
     axum::Router::new().fallback(dispatch).with_state(state)
-}
-
-/// Serves the proxy on `listener` until `shutdown` resolves.
-pub async fn serve(
-    listener: tokio::net::TcpListener,
-    shared: Shared,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(
-        listener,
-        router(shared).into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await
 }
 
 #[cfg(test)]

@@ -491,3 +491,86 @@ upstream = "http://{up}"
     assert_eq!(status(None).await, 429);
     s.stop().await;
 }
+
+#[tokio::test]
+async fn an_upstream_that_never_answers_is_a_504_after_upstream_timeout() {
+    // Accepts connections and reads nothing, answers nothing; holds them until the test ends.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = silent.local_addr().unwrap();
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = silent.accept().await {
+            conns.push(c);
+        }
+    });
+    let toml = format!(
+        r#"
+[proxy]
+upstream_timeout = "300ms"
+connect_timeout = "1s"
+
+[[routes]]
+prefix = "/"
+upstream = "http://{up}"
+"#
+    );
+    let s = start(&toml).await;
+    let started = Instant::now();
+    let res = client().get(s.proxy_url("/slow")).send().await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(res.status(), 504);
+    assert_eq!(res.headers()["content-type"], "application/problem+json");
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+        "answered after {took:?}"
+    );
+    let v: Value = res.json().await.unwrap();
+    assert_eq!(v["status"], 504);
+    s.stop().await;
+    held.abort();
+}
+
+#[tokio::test]
+async fn an_upstream_that_never_accepts_is_a_502_after_connect_timeout() {
+    // A listener that never accepts, with its accept queue filled: the kernel drops further
+    // connection attempts, so a connect hangs until the proxy gives up.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let full = socket.listen(0).unwrap();
+    let up = full.local_addr().unwrap();
+    let mut queued = Vec::new();
+    for _ in 0..8 {
+        match tokio::time::timeout(
+            Duration::from_millis(200),
+            tokio::net::TcpStream::connect(up),
+        )
+        .await
+        {
+            Ok(Ok(c)) => queued.push(c),
+            _ => break,
+        }
+    }
+    let toml = format!(
+        r#"
+[proxy]
+upstream_timeout = "20s"
+connect_timeout = "300ms"
+
+[[routes]]
+prefix = "/"
+upstream = "http://{up}"
+"#
+    );
+    let s = start(&toml).await;
+    let started = Instant::now();
+    let res = client().get(s.proxy_url("/x")).send().await.unwrap();
+    let took = started.elapsed();
+    assert_eq!(res.status(), 502);
+    assert_eq!(res.headers()["content-type"], "application/problem+json");
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(3),
+        "answered after {took:?}"
+    );
+    s.stop().await;
+    drop((queued, full));
+}

@@ -212,17 +212,3 @@ pub(crate) fn kind(v: &Value) -> &'static str {
         Value::Object(_) => "an object",
     }
 }
-
-/// Serves the router until `shutdown` resolves, then lets requests in flight finish.
-pub async fn serve_http(
-    listener: tokio::net::TcpListener,
-    router: Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await
-}
