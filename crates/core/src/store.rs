@@ -2,7 +2,8 @@
 //! [`crate::algorithm`] atomically against its state; the embedded store runs the Rust
 //! functions under a lock, the Redis store runs Lua scripts with the same semantics.
 
-use crate::decision::{LeaseId, MultiDecision};
+use crate::algorithm::Adjustment;
+use crate::decision::{Decision, LeaseId, MultiDecision};
 use crate::policy::Algorithm;
 
 /// One limit of a check: the full key name, the algorithm, and the cost of this request.
@@ -60,6 +61,34 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// A short name for logs and metrics (`memory`, `redis`, `redis-cluster`).
     fn kind(&self) -> &'static str;
 
+    /// Deletes the state of `key`, whatever its algorithm: the identity starts afresh.
+    /// Returns whether there was a state. (Reading a state without consuming is a `check` of
+    /// cost 0, which never writes.)
+    async fn reset(&self, key: &str) -> Result<bool, StoreError> {
+        let _ = key;
+        Err(StoreError::Invalid(format!(
+            "the {} store cannot reset state",
+            self.kind()
+        )))
+    }
+
+    /// Charges or refunds `key`'s state without an admission check, atomically, as
+    /// [`crate::algorithm::adjust`] defines; answers the state afterwards as a check of cost 0
+    /// sees it. A concurrency limit answers [`StoreError::Invalid`].
+    async fn adjust(
+        &self,
+        key: &str,
+        algorithm: &Algorithm,
+        adjustment: Adjustment,
+    ) -> Result<Decision, StoreError> {
+        let _ = (key, algorithm);
+        Err(StoreError::Invalid(format!(
+            "the {} store cannot {}",
+            self.kind(),
+            adjustment.name()
+        )))
+    }
+
     /// True when every key of one `check` must hash to one Redis Cluster slot. Callers then
     /// check limits of different hash tags in separate calls (see `docs/redis.md`).
     fn requires_single_slot(&self) -> bool {
@@ -98,6 +127,17 @@ impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     }
     fn kind(&self) -> &'static str {
         (**self).kind()
+    }
+    async fn reset(&self, key: &str) -> Result<bool, StoreError> {
+        (**self).reset(key).await
+    }
+    async fn adjust(
+        &self,
+        key: &str,
+        algorithm: &Algorithm,
+        adjustment: Adjustment,
+    ) -> Result<Decision, StoreError> {
+        (**self).adjust(key, algorithm, adjustment).await
     }
     fn requires_single_slot(&self) -> bool {
         (**self).requires_single_slot()

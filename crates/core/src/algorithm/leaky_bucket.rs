@@ -47,7 +47,8 @@ pub fn decide(
             }
         }
     };
-    let remaining = |level: u64| (full - level) / p;
+    // A charge (`super::adjust`) can leave the level above capacity: nothing is left then.
+    let remaining = |level: u64| full.saturating_sub(level) / p;
     if cost > capacity {
         let decision = Decision::cost_exceeds_limit(capacity, remaining(level), div_ceil(level, r));
         return Outcome {

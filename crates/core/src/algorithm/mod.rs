@@ -5,6 +5,7 @@
 //! bounds are in `docs/algorithms.md`; the Lua scripts in `crates/store-redis/lua/` implement
 //! the same functions and a differential test holds them equal. [`registry`] names them.
 
+pub mod adjust;
 pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
@@ -18,6 +19,7 @@ use crate::clock::Timestamp;
 use crate::decision::{Decision, LeaseId};
 use crate::policy::Algorithm;
 
+pub use adjust::{AdjustError, Adjustment, adjust};
 pub use registry::{
     ALGORITHMS, AlgorithmInfo, AlgorithmKind, Param, ParamError, Params, UnknownAlgorithm,
 };
