@@ -14,6 +14,11 @@ pub enum DenyReason {
     OtherLimitDenied,
     /// The store could not be reached and the policy fails closed.
     StoreUnavailable,
+    /// The identity is banned (by hand, or automatically after repeated denials) for a scope
+    /// that includes this policy; `retry_after_ms` is the time left on the ban.
+    Banned,
+    /// The identity (or its network) is on the deny list; retrying will not help.
+    Denied,
 }
 
 /// The identifier of a concurrency lease, returned by an admitted concurrency check and
@@ -56,6 +61,34 @@ impl Decision {
     /// enforced is the policy's business (a shadow policy's denial is only recorded).
     pub fn denies(&self) -> bool {
         !self.allowed && self.reason != Some(DenyReason::OtherLimitDenied)
+    }
+
+    /// A decision refused because the identity is banned for `left_ms` more.
+    pub fn banned(limit: u64, left_ms: u64) -> Self {
+        Self {
+            allowed: false,
+            limit,
+            remaining: 0,
+            retry_after_ms: left_ms.max(1),
+            reset_after_ms: left_ms.max(1),
+            delay_ms: 0,
+            reason: Some(DenyReason::Banned),
+            lease: None,
+        }
+    }
+
+    /// A decision refused because the identity is on the deny list.
+    pub fn deny_listed(limit: u64) -> Self {
+        Self {
+            allowed: false,
+            limit,
+            remaining: 0,
+            retry_after_ms: 0,
+            reset_after_ms: 0,
+            delay_ms: 0,
+            reason: Some(DenyReason::Denied),
+            lease: None,
+        }
     }
 
     /// An admitted decision with no delay and no lease.
