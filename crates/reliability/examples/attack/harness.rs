@@ -207,7 +207,12 @@ impl Answer {
 }
 
 /// The bytes of a request with an optional JSON body and extra header lines.
-pub(crate) fn request(method: &str, path: &str, body: Option<&str>, headers: &[(&str, &str)]) -> Vec<u8> {
+pub(crate) fn request(
+    method: &str,
+    path: &str,
+    body: Option<&str>,
+    headers: &[(&str, &str)],
+) -> Vec<u8> {
     let mut r = format!("{method} {path} HTTP/1.1\r\nhost: sluice\r\n");
     for (k, v) in headers {
         r.push_str(&format!("{k}: {v}\r\n"));
@@ -304,19 +309,31 @@ impl Conn {
 }
 
 /// One request on a fresh connection.
-pub(crate) async fn send(addr: SocketAddr, req: Vec<u8>, timeout: Duration) -> std::io::Result<Answer> {
+pub(crate) async fn send(
+    addr: SocketAddr,
+    req: Vec<u8>,
+    timeout: Duration,
+) -> std::io::Result<Answer> {
     let mut c = Conn::open(addr, timeout).await?;
     let mut a = c.exchange(&[req], timeout).await?;
     Ok(a.remove(0))
 }
 
 /// `GET path` on a fresh connection.
-pub(crate) async fn get(addr: SocketAddr, path: &str, timeout: Duration) -> std::io::Result<Answer> {
+pub(crate) async fn get(
+    addr: SocketAddr,
+    path: &str,
+    timeout: Duration,
+) -> std::io::Result<Answer> {
     send(addr, request("GET", path, None, &[]), timeout).await
 }
 
 /// `POST /v1/check` with `body` on a fresh connection.
-pub(crate) async fn check(addr: SocketAddr, body: &str, timeout: Duration) -> std::io::Result<Answer> {
+pub(crate) async fn check(
+    addr: SocketAddr,
+    body: &str,
+    timeout: Duration,
+) -> std::io::Result<Answer> {
     send(addr, request("POST", "/v1/check", Some(body), &[]), timeout).await
 }
 

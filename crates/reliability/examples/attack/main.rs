@@ -15,7 +15,8 @@
 //! The attacks (and their modules):
 //! - `slowloris`, `descriptors`, `big-heads` ([`connections`]): connection discipline;
 //! - `eviction`, `memory` ([`flooding`]): what a flood of identities does to the embedded store;
-//! - `overload`, `leases` ([`store`]): a busy and a paused Redis;
+//! - `overload`, `leases`, `redis-memory` ([`store`]): a busy and a paused Redis, and what
+//!   long identities cost it;
 //! - `reload`, `credentials`, `exposure` ([`operator`]): operator mistakes and exposure.
 #![forbid(unsafe_code)]
 
@@ -40,7 +41,7 @@ pub(crate) struct Args {
 }
 
 /// The names `--only` accepts, in the order they run.
-const ATTACKS: [&str; 10] = [
+const ATTACKS: [&str; 11] = [
     "slowloris",
     "descriptors",
     "big-heads",
@@ -50,6 +51,7 @@ const ATTACKS: [&str; 10] = [
     "leases",
     "credentials",
     "memory",
+    "redis-memory",
     "exposure",
 ];
 
@@ -158,6 +160,7 @@ async fn run_one(name: &str, a: &Args) -> Outcome {
         "big-heads" => connections::big_heads(a).await,
         "eviction" => flooding::eviction(a).await,
         "memory" => flooding::memory(a).await,
+        "redis-memory" => store::redis_memory(a).await,
         "overload" => store::overload(a).await,
         "leases" => store::leases(a).await,
         "reload" => operator::reload(a).await,

@@ -217,6 +217,9 @@ pub(crate) async fn exposure(a: &Args) -> Outcome {
         .chars()
         .take(90)
         .collect();
-    out.set("api_token", format!("not supported, start refused: {reason}"));
+    out.set(
+        "api_token",
+        format!("not supported, start refused: {reason}"),
+    );
     out
 }

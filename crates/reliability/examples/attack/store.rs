@@ -180,3 +180,55 @@ pub(crate) async fn leases(a: &Args) -> Outcome {
     };
     out
 }
+
+/// 1M keys of 512-byte identities in Redis: `used_memory`. Each check names 16 policies, so
+/// it writes 16 keys and the flood takes 1/16 of the requests.
+pub(crate) async fn redis_memory(a: &Args) -> Outcome {
+    const PER_CHECK: u64 = 16;
+    let keys: u64 = if a.quick { 50_000 } else { 1_000_000 };
+    let mut out = Outcome::new(
+        "redis-memory",
+        format!("{keys} keys of 512-byte identities, Redis"),
+    );
+    let redis = tokio::task::spawn_blocking(redis)
+        .await
+        .expect("start redis");
+    let policies: String = (0..PER_CHECK)
+        .map(|i| {
+            format!(
+                "\n[policies.p{i}]\nalgorithm = \"token-bucket\"\ncapacity = 10\nrate = \"1/min\"\n"
+            )
+        })
+        .collect();
+    let s = match start(a, &redis, &policies).await {
+        Ok(s) => s,
+        Err(e) => {
+            out.set("error", e);
+            return out;
+        }
+    };
+    let used = |r: &RedisServer| -> f64 {
+        r.cli(&["INFO", "memory"])
+            .lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .map_or(0.0, |b| (b / 1_048_576.0).round())
+    };
+    out.set("used_memory_mb_before", used(&redis));
+    let names: Vec<String> = (0..PER_CHECK).map(|i| format!("\"p{i}\"")).collect();
+    let names = names.join(",");
+    let t = Instant::now();
+    let bound = t + Duration::from_secs(if a.quick { 60 } else { 240 });
+    let c = harness::flood(s.http, keys / PER_CHECK, 8, 32, bound, move |i| {
+        format!(r#"{{"policies":[{names}],"identity":"{i:0>512}"}}"#)
+    })
+    .await;
+    out.set("checks_answered_200", c.ok);
+    out.set(
+        "keys",
+        redis.cli(&["DBSIZE"]).trim().parse::<u64>().unwrap_or(0),
+    );
+    out.set("used_memory_mb", used(&redis));
+    out.set("seconds", t.elapsed().as_secs());
+    out
+}
