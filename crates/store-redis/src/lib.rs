@@ -39,3 +39,6 @@ pub use scripts::{function_library, scripts};
 pub use sharding::shard_algorithm;
 #[cfg(feature = "client")]
 pub use store::{RedisOptions, RedisStore, RedisStoreBuilder, ScriptMode, connect};
+/// The Redis client crate, for callers of [`RedisStore::command`].
+#[cfg(feature = "client")]
+pub use redis;

@@ -3,6 +3,7 @@
 mod call;
 pub(crate) mod compensation;
 mod connection;
+mod raw;
 
 use crate::protocol::{self, ROW};
 use crate::scripts;
