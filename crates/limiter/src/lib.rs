@@ -10,7 +10,8 @@
 //! `redis+cluster://host:port,host:port`.
 //!
 //! # Layout
-//! - [`limiter`]: [`Limiter`], [`Checked`], [`LimitResult`], [`Lease`].
+//! - [`limiter`]: [`Limiter`], [`Checked`], [`LimitResult`], [`Lease`]; its `store_call`
+//!   module awaits store calls (bounds, breaker, failure accounting).
 //! - [`breaker`]: the circuit breaker.
 //! - [`deny_cache`]: the local deny cache that answers repeated denials without the store.
 //! - [`local`]: `failure_mode = "local"`, the embedded store that decides while the store is

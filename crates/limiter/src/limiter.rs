@@ -1,7 +1,7 @@
 //! [`Limiter`]: policies + identities in, verdicts out, whatever the store.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::time::{Duration, Instant};
 
 use sluice_core::key::key_slot;
@@ -11,18 +11,22 @@ use sluice_core::{
     StoreError,
 };
 
-use crate::breaker::{Admission, BreakerConfig, CircuitBreaker};
+use crate::breaker::{BreakerConfig, CircuitBreaker};
 use crate::deny_cache::{DenyCache, DenyCacheMode};
 use crate::local::{LocalFallback, LocalShare};
+
+mod store_call;
 
 /// How the verdict of a check was reached.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Verdict {
-    /// The store answered.
+    /// The store answered (or, while it is unreachable, the embedded store of the local
+    /// fallback answered for `failure_mode = "local"` policies).
     Decided,
     /// The store failed and every policy involved fails open: the request is admitted.
     FailedOpen(StoreError),
-    /// The store failed and a policy involved fails closed: the request is denied.
+    /// The store failed and a policy involved fails closed, or sluice itself was saturated
+    /// ([`StoreError::Overloaded`], whatever the failure modes): the request is denied.
     FailedClosed(StoreError),
 }
 
@@ -523,85 +527,6 @@ impl Limiter {
         }
         let fut = inner.store.release(&lease.key, &lease.algorithm, &lease.id);
         self.bounded(fut).await
-    }
-
-    /// Awaits a store call under the right bound. A store that bounds its own calls (queue
-    /// wait and round trip, [`Store::call_bound`]) reports its own timeouts; outliving its
-    /// bound means this process is saturated, which is not a store failure. Otherwise the
-    /// per-call timeout bounds the whole call.
-    async fn bounded<T>(
-        &self,
-        call: impl std::future::Future<Output = Result<T, StoreError>>,
-    ) -> Result<T, StoreError> {
-        let inner = &*self.inner;
-        match inner.store.call_bound() {
-            Some(bound) => tokio::time::timeout(bound, call).await.unwrap_or_else(|_| {
-                Err(StoreError::Overloaded(format!(
-                    "no answer within the store's call bound of {} ms",
-                    bound.as_millis()
-                )))
-            }),
-            None => tokio::time::timeout(inner.timeout, call)
-                .await
-                .unwrap_or_else(|_| Err(StoreError::Timeout(inner.timeout.as_millis() as u64))),
-        }
-    }
-
-    async fn call_store(&self, items: &[CheckItem<'_>]) -> Result<MultiDecision, StoreError> {
-        let inner = &*self.inner;
-        let admission = inner.breaker.admit(Instant::now());
-        if admission == Admission::Reject {
-            metrics::counter!("sluice_store_errors_total", "kind" => "circuit_open").increment(1);
-            return Err(StoreError::Unavailable("circuit breaker open".into()));
-        }
-        let start = Instant::now();
-        let result = self.bounded(inner.store.check(items)).await;
-        metrics::histogram!("sluice_store_duration_seconds", "store" => inner.store.kind())
-            .record(start.elapsed().as_secs_f64());
-        match &result {
-            Ok(_) => inner.breaker.success(),
-            // An invalid request says nothing about the store's health.
-            Err(StoreError::Invalid(_)) => {}
-            // Neither does sluice's own saturation: the call never reached the store.
-            Err(StoreError::Overloaded(_)) => {
-                metrics::counter!("sluice_store_queue_overloaded_total").increment(1);
-                if admission == Admission::Probe {
-                    // The probe never reached the store: let the next call probe.
-                    inner.breaker.abandon_probe();
-                }
-            }
-            Err(e) => {
-                let kind = match e {
-                    StoreError::Timeout(_) => "timeout",
-                    StoreError::Unavailable(_) => "unavailable",
-                    _ => "backend",
-                };
-                metrics::counter!("sluice_store_errors_total", "kind" => kind).increment(1);
-                inner.breaker.failure(Instant::now());
-            }
-        }
-        result
-    }
-
-    /// Counts and (at most once per interval) logs a store failure answered by `mode`
-    /// (`open`, `closed` or `local`).
-    fn note_failure(&self, e: &StoreError, mode: &'static str) {
-        let inner = &*self.inner;
-        metrics::counter!("sluice_store_failures_total", "mode" => mode).increment(1);
-        let now = inner.started.elapsed().as_millis() as u64 + 1;
-        let last = inner.last_log_ms.load(Ordering::Relaxed);
-        if (last == 0 || now.saturating_sub(last) >= inner.log_interval_ms)
-            && inner
-                .last_log_ms
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            if mode == "local" {
-                tracing::warn!(error = %e, store = inner.store.kind(), "rate limit store failed; deciding locally");
-            } else {
-                tracing::warn!(error = %e, store = inner.store.kind(), "rate limit store failed; failing {mode}");
-            }
-        }
     }
 
     /// True while the circuit breaker is rejecting calls.
