@@ -6,6 +6,7 @@
 use std::process::Command;
 
 use serde_json::json;
+use sluice_core::algorithm::registry::AlgorithmKind;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -31,21 +32,25 @@ pub struct CeilingConfig {
 /// like-for-like parameters of [`crate::bench_algorithm`]; `None` for the algorithms whose
 /// entries need a unique token per call (sliding log, concurrency).
 pub fn script_and_args(algorithm: &str) -> Option<(&'static str, Vec<String>)> {
-    let (name, item): (&str, [&str; 6]) = match algorithm {
-        "token-bucket" => ("token-bucket", ["tb", "1", "10", "1", "200", "0"]),
-        "gcra" => ("gcra", ["gcra", "1", "200000", "9", "0", "0"]),
-        "leaky-bucket" => ("leaky-bucket", ["lb", "1", "10", "1", "200", "0"]),
-        "fixed-window" => ("fixed-window", ["fw", "1", "10", "2000", "0", "0"]),
-        "sliding-counter" => ("sliding-counter", ["swc", "1", "10", "2000", "0", "0"]),
-        _ => return None,
+    let kind = crate::algorithm_kind(algorithm).ok()?;
+    // The item's parameters after its Lua code and cost 1.
+    let params: [&str; 4] = match kind {
+        AlgorithmKind::TokenBucket | AlgorithmKind::LeakyBucket => ["10", "1", "200", "0"],
+        AlgorithmKind::Gcra => ["200000", "9", "0", "0"],
+        AlgorithmKind::FixedWindow | AlgorithmKind::SlidingWindowCounter => {
+            ["10", "2000", "0", "0"]
+        }
+        AlgorithmKind::SlidingWindowLog | AlgorithmKind::Concurrency => return None,
     };
+    let name = kind.name();
+    let item = [kind.lua_code(), "1"].into_iter().chain(params);
     let src = sluice_redis::scripts()
         .into_iter()
         .find(|(n, _)| *n == name)?
         .1;
     // now "" (server TIME), pad 0, the item, token "".
     let mut args = vec![String::new(), "0".to_string()];
-    args.extend(item.iter().map(|s| s.to_string()));
+    args.extend(item.map(str::to_string));
     args.push(String::new());
     Some((src, args))
 }
@@ -182,5 +187,11 @@ mod tests {
             assert!(script_and_args(a).is_some(), "{a}");
         }
         assert!(script_and_args("sliding-log").is_none());
+        assert!(script_and_args("concurrency").is_none());
+        // Server time, pad, then the item: code, cost, parameters; then no token.
+        let (_, args) = script_and_args("tb").unwrap();
+        assert_eq!(args, ["", "0", "tb", "1", "10", "1", "200", "0", ""]);
+        let (_, args) = script_and_args("sliding-window-counter").unwrap();
+        assert_eq!(args, ["", "0", "swc", "1", "10", "2000", "0", "0", ""]);
     }
 }

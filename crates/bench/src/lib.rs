@@ -25,77 +25,42 @@ pub mod redis_load;
 pub mod rls;
 pub mod stats;
 
-use sluice_core::{Algorithm, LeakyMode, Rate};
+use sluice_core::Algorithm;
+use sluice_core::algorithm::registry::AlgorithmKind;
 
-/// The algorithms by their CLI names, with the like-for-like parameters of the anchors
-/// (the seed's token bucket: 10 burst, 5/s, cost 1; windows: 10 per 2 s).
-pub fn bench_algorithm(name: &str) -> Result<(Algorithm, &'static str), String> {
-    let five = Rate::per_second(5);
-    Ok(match name {
-        "token-bucket" | "tb" => (
-            Algorithm::TokenBucket {
-                capacity: 10,
-                rate: five,
-            },
-            "tb",
-        ),
-        "gcra" => (
-            Algorithm::Gcra {
-                rate: five,
-                burst: 9,
-            },
-            "gcra",
-        ),
-        "leaky-bucket" | "lb" => (
-            Algorithm::LeakyBucket {
-                capacity: 10,
-                rate: five,
-                mode: LeakyMode::Policing,
-            },
-            "lb",
-        ),
-        "fixed-window" | "fw" => (
-            Algorithm::FixedWindow {
-                limit: 10,
-                window_ms: 2000,
-            },
-            "fw",
-        ),
-        "sliding-counter" | "swc" => (
-            Algorithm::SlidingWindowCounter {
-                limit: 10,
-                window_ms: 2000,
-            },
-            "swc",
-        ),
-        "sliding-log" | "swl" => (
-            Algorithm::SlidingWindowLog {
-                limit: 10,
-                window_ms: 2000,
-            },
-            "swl",
-        ),
-        "concurrency" | "cc" => (
-            Algorithm::Concurrency {
-                limit: 10,
-                lease_ms: 1000,
-            },
-            "cc",
-        ),
-        other => return Err(format!("unknown algorithm {other:?}")),
+/// The algorithm called `name`: a name or alias from the core registry, or its Lua code
+/// (`tb`, `swc`, `cc`...), which these drivers also use as policy names.
+pub fn algorithm_kind(name: &str) -> Result<AlgorithmKind, String> {
+    name.parse::<AlgorithmKind>().or_else(|e| {
+        AlgorithmKind::ALL
+            .into_iter()
+            .find(|k| k.lua_code() == name)
+            .ok_or_else(|| e.to_string())
     })
 }
 
-/// Every algorithm's CLI name.
-pub const ALGORITHMS: [&str; 7] = [
-    "token-bucket",
-    "gcra",
-    "leaky-bucket",
-    "fixed-window",
-    "sliding-counter",
-    "sliding-log",
-    "concurrency",
-];
+/// `kind` admitting `amount` per `period_ms` (the registry's [`AlgorithmKind::for_quota`]),
+/// or for concurrency `amount` leases that live `lease_ms` unless released.
+pub fn quota_algorithm(
+    kind: AlgorithmKind,
+    amount: u64,
+    period_ms: u64,
+    lease_ms: u64,
+) -> Algorithm {
+    kind.for_quota(amount, period_ms)
+        .unwrap_or(Algorithm::Concurrency {
+            limit: amount,
+            lease_ms,
+        })
+}
+
+/// An algorithm by name with the like-for-like parameters of the anchors (the seed's token
+/// bucket: 10 burst, 5/s, cost 1; windows: 10 per 2 s; GCRA burst 9 at 5/s; 10 leases of
+/// 1 s), and its Lua code, the policy name the drivers use.
+pub fn bench_algorithm(name: &str) -> Result<(Algorithm, &'static str), String> {
+    let kind = algorithm_kind(name)?;
+    Ok((quota_algorithm(kind, 10, 2000, 1000), kind.lua_code()))
+}
 
 /// xorshift64*: a cheap per-task random stream.
 #[derive(Debug, Clone)]
@@ -158,8 +123,18 @@ mod tests {
 
     #[test]
     fn every_algorithm_is_valid() {
-        for a in ALGORITHMS {
-            bench_algorithm(a).unwrap().0.validate().unwrap();
+        for kind in AlgorithmKind::ALL {
+            for name in [kind.name(), kind.lua_code()] {
+                let (algorithm, code) = bench_algorithm(name).unwrap();
+                algorithm.validate().unwrap();
+                assert_eq!((algorithm.algorithm_kind(), code), (kind, kind.lua_code()));
+                assert_eq!((algorithm.quota(), algorithm.window_ms() > 0), (10, true));
+            }
+        }
+        assert!(bench_algorithm("token-bucket-ish").is_err());
+        for kind in AlgorithmKind::ALL {
+            let slow = memory::slow_algorithm(kind.name()).unwrap();
+            assert_eq!((slow.quota(), slow.window_ms()), (10, 3_600_000), "{kind}");
         }
     }
 }

@@ -13,42 +13,17 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use sluice::{Identity, Limiter, Policy, StoreOptions, StoreUrl};
-use sluice_core::{Algorithm, CheckItem, LeakyMode, Rate};
+use sluice_core::{Algorithm, CheckItem};
 use sluice_memory::MemoryStore;
 
-use crate::Rng;
 use crate::redis_info::{connect, info_field};
+use crate::{Rng, algorithm_kind, quota_algorithm};
 
-/// Each algorithm with a policy slow enough that one decision leaves a key for an hour.
+/// Each algorithm with a policy slow enough that one decision leaves a key for an hour:
+/// 10 per hour (10 leases of an hour for concurrency).
 pub fn slow_algorithm(name: &str) -> Result<Algorithm, String> {
     let hour = 3_600_000;
-    let rate = Rate::new(10, hour);
-    Ok(match name {
-        "token-bucket" => Algorithm::TokenBucket { capacity: 10, rate },
-        "gcra" => Algorithm::Gcra { rate, burst: 9 },
-        "leaky-bucket" => Algorithm::LeakyBucket {
-            capacity: 10,
-            rate,
-            mode: LeakyMode::Policing,
-        },
-        "fixed-window" => Algorithm::FixedWindow {
-            limit: 10,
-            window_ms: hour,
-        },
-        "sliding-counter" => Algorithm::SlidingWindowCounter {
-            limit: 10,
-            window_ms: hour,
-        },
-        "sliding-log" => Algorithm::SlidingWindowLog {
-            limit: 10,
-            window_ms: hour,
-        },
-        "concurrency" => Algorithm::Concurrency {
-            limit: 10,
-            lease_ms: hour,
-        },
-        other => return Err(format!("unknown algorithm {other:?}")),
-    })
+    Ok(quota_algorithm(algorithm_kind(name)?, 10, hour, hour))
 }
 
 /// Redis bytes per key for `algorithm` over `keys` identities (FLUSHALL first: use the
