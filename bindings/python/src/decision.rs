@@ -82,6 +82,8 @@ fn reason_name(r: sluice::DenyReason) -> &'static str {
         sluice::DenyReason::CostExceedsLimit => "cost_exceeds_limit",
         sluice::DenyReason::OtherLimitDenied => "other_limit_denied",
         sluice::DenyReason::StoreUnavailable => "store_unavailable",
+        sluice::DenyReason::Banned => "banned",
+        sluice::DenyReason::Denied => "denied",
     }
 }
 
