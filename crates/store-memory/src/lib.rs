@@ -27,6 +27,7 @@
 //! Module `shard` holds one shard's table, its byte count and its summaries.
 #![forbid(unsafe_code)]
 
+mod adjust;
 mod evict;
 mod shard;
 pub mod summary;
@@ -524,6 +525,20 @@ impl Store for MemoryStore {
 
     fn kind(&self) -> &'static str {
         "memory"
+    }
+
+    async fn reset(&self, key: &str) -> Result<bool, StoreError> {
+        Ok(self.reset_now(key))
+    }
+
+    async fn adjust(
+        &self,
+        key: &str,
+        algorithm: &Algorithm,
+        adjustment: sluice_core::algorithm::Adjustment,
+    ) -> Result<Decision, StoreError> {
+        self.adjust_now(key, algorithm, adjustment)
+            .map_err(|e| StoreError::Invalid(e.to_string()))
     }
 
     fn evictions(&self) -> Vec<(&'static str, u64)> {

@@ -15,13 +15,16 @@
 //! The cases live in three modules, re-exported here (the macro calls
 //! `sluice_testkit::conformance::<case>`): [`algorithms`] (one known sequence per algorithm),
 //! [`properties`] (what holds for every algorithm: expiry, cost 0, a cost over the limit,
-//! exact retry times, unknown leases) and [`many`] (several limits, tasks or keys at once).
+//! exact retry times, unknown leases), [`many`] (several limits, tasks or keys at once) and
+//! [`adjust`] (reset, charge and refund).
 //! This module holds the case list, the macros and the harness they share.
 
+pub mod adjust;
 pub mod algorithms;
 pub mod many;
 pub mod properties;
 
+pub use adjust::*;
 pub use algorithms::*;
 pub use many::*;
 pub use properties::*;
@@ -60,6 +63,10 @@ macro_rules! __conformance_cases {
             concurrent_tasks_admit_exactly_the_limit,
             many_distinct_keys,
             release_of_unknown_leases,
+            reset_restores_the_limit,
+            charge_goes_into_debt_and_refund_stops_at_capacity,
+            settle_an_estimate_exactly,
+            concurrency_is_not_adjustable,
         }
     };
 }
