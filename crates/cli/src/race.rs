@@ -9,6 +9,7 @@ use std::time::Duration;
 use clap::Args;
 use serde::Serialize;
 use sluice::{Algorithm, FailureMode, Identity, Limiter, Policy, Rate, StoreOptions, StoreUrl};
+use sluice_redis::{RedisOptions, RedisStore, redis};
 
 /// Arguments of `sluice race`.
 #[derive(Debug, Clone, Args)]
@@ -55,11 +56,25 @@ pub async fn run(args: &RaceArgs) -> Result<RaceReport, String> {
         .parse()
         .map_err(|e: sluice::StoreError| e.to_string())?;
     let tag = format!("race:{:016x}", rand_id());
-    let naive_admitted = match &url {
-        StoreUrl::Memory => naive_memory(args.requests, args.limit).await,
+    let naive_key = format!("{tag}:naive");
+    // The naive path's plain commands go through sluice-redis's connection, which knows every
+    // URL form (Cluster, Sentinel, TLS, valkey://) and routes a key to its Cluster node.
+    let redis = match &url {
+        StoreUrl::Memory => None,
         StoreUrl::Redis(u) => {
-            naive_redis(u, &format!("{tag}:naive"), args.requests, args.limit).await?
+            let options = RedisOptions {
+                timeout: Duration::from_secs(5),
+                ..Default::default()
+            };
+            let store = sluice_redis::connect(u, options)
+                .await
+                .map_err(|e| format!("cannot connect: {e}"))?;
+            Some(Arc::new(store))
         }
+    };
+    let naive_admitted = match &redis {
+        None => naive_memory(args.requests, args.limit).await,
+        Some(store) => naive_redis(store, &naive_key, args.requests, args.limit).await?,
     };
 
     let options = StoreOptions {
@@ -102,10 +117,11 @@ pub async fn run(args: &RaceArgs) -> Result<RaceReport, String> {
     for t in tasks {
         t.await.map_err(|e| e.to_string())?;
     }
-    if let StoreUrl::Redis(u) = &url {
+    if let Some(store) = &redis {
         // The race's keys are the tool's own: leave nothing behind in the user's store.
-        let sluice_key = sluice::KeyScheme::default().key(&identity, &policy.name);
-        delete_keys(u, &[format!("{tag}:naive"), sluice_key]).await?;
+        let sluice_key =
+            store.server_key(&sluice::KeyScheme::default().key(&identity, &policy.name));
+        delete_keys(store, &[naive_key, sluice_key]).await?;
     }
     Ok(RaceReport {
         requests: args.requests,
@@ -124,86 +140,37 @@ fn rand_id() -> u64 {
 }
 
 /// Deletes the race's keys (one `DEL` per key, so each can live on its own Cluster slot).
-async fn delete_keys(url: &str, keys: &[String]) -> Result<(), String> {
-    let cluster = url.starts_with("redis+cluster://") || url.starts_with("redis-cluster://");
-    let cleanup = |e: redis::RedisError| format!("cleaning up the race's keys: {e}");
-    if cluster {
-        let client = redis::cluster::ClusterClient::new(cluster_nodes(url)).map_err(cleanup)?;
-        let mut conn = client.get_async_connection().await.map_err(cleanup)?;
-        for key in keys {
-            let _: i64 = redis::cmd("DEL")
-                .arg(key)
-                .query_async(&mut conn)
-                .await
-                .map_err(cleanup)?;
-        }
-    } else {
-        let client = redis::Client::open(url).map_err(cleanup)?;
-        let mut conn = client
-            .get_multiplexed_async_connection()
+async fn delete_keys(store: &RedisStore, keys: &[String]) -> Result<(), String> {
+    for key in keys {
+        store
+            .command(redis::cmd("DEL").arg(key))
             .await
-            .map_err(cleanup)?;
-        for key in keys {
-            let _: i64 = redis::cmd("DEL")
-                .arg(key)
-                .query_async(&mut conn)
-                .await
-                .map_err(cleanup)?;
-        }
+            .map_err(|e| format!("cleaning up the race's keys: {e}"))?;
     }
     Ok(())
 }
 
-/// The node list of a `redis+cluster://host:port,host:port` URL as plain `redis://` URLs.
-fn cluster_nodes(url: &str) -> Vec<String> {
-    url.split_once("://")
-        .map(|(_, rest)| rest.split(',').map(|h| format!("redis://{h}")).collect())
-        .unwrap_or_default()
-}
-
 /// The naive limiter on Redis: GET the counter, decide in the application, SET it back.
-async fn naive_redis(url: &str, key: &str, requests: u64, limit: u64) -> Result<u64, String> {
-    let cluster = url.starts_with("redis+cluster://") || url.starts_with("redis-cluster://");
+async fn naive_redis(
+    store: &Arc<RedisStore>,
+    key: &str,
+    requests: u64,
+    limit: u64,
+) -> Result<u64, String> {
     let admitted = Arc::new(AtomicU64::new(0));
     let start = Arc::new(tokio::sync::Barrier::new(requests as usize));
-    let mut tasks = Vec::new();
-    if cluster {
-        let client =
-            redis::cluster::ClusterClient::new(cluster_nodes(url)).map_err(|e| e.to_string())?;
-        let conn = client
-            .get_async_connection()
-            .await
-            .map_err(|e| format!("cannot connect: {e}"))?;
-        for _ in 0..requests {
-            let (mut conn, key, admitted, start) = (
-                conn.clone(),
-                key.to_string(),
-                admitted.clone(),
-                start.clone(),
-            );
-            tasks.push(tokio::spawn(async move {
-                start.wait().await;
-                naive_once(&mut conn, &key, limit, &admitted).await
-            }));
-        }
-    } else {
-        let client = redis::Client::open(url).map_err(|e| e.to_string())?;
-        let conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .map_err(|e| format!("cannot connect: {e}"))?;
-        for _ in 0..requests {
-            let (mut conn, key, admitted, start) = (
-                conn.clone(),
-                key.to_string(),
-                admitted.clone(),
-                start.clone(),
-            );
-            tasks.push(tokio::spawn(async move {
-                start.wait().await;
-                naive_once(&mut conn, &key, limit, &admitted).await
-            }));
-        }
+    let mut tasks = Vec::with_capacity(requests as usize);
+    for _ in 0..requests {
+        let (store, key, admitted, start) = (
+            Arc::clone(store),
+            key.to_string(),
+            admitted.clone(),
+            start.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            start.wait().await;
+            naive_once(&store, &key, limit, &admitted).await
+        }));
     }
     for t in tasks {
         t.await.map_err(|e| e.to_string())??;
@@ -211,27 +178,23 @@ async fn naive_redis(url: &str, key: &str, requests: u64, limit: u64) -> Result<
     Ok(admitted.load(Ordering::Relaxed))
 }
 
-async fn naive_once<C: redis::aio::ConnectionLike + Send>(
-    conn: &mut C,
+async fn naive_once(
+    store: &RedisStore,
     key: &str,
     limit: u64,
     admitted: &AtomicU64,
 ) -> Result<(), String> {
-    let used: Option<u64> = redis::cmd("GET")
-        .arg(key)
-        .query_async(conn)
+    let reply = store
+        .command(redis::cmd("GET").arg(key))
         .await
         .map_err(|e| e.to_string())?;
+    let used: Option<u64> = redis::from_redis_value(reply).map_err(|e| e.to_string())?;
     let used = used.unwrap_or(0);
     if used >= limit {
         return Ok(());
     }
-    let _: () = redis::cmd("SET")
-        .arg(key)
-        .arg(used + 1)
-        .arg("EX")
-        .arg(60)
-        .query_async(conn)
+    store
+        .command(redis::cmd("SET").arg(key).arg(used + 1).arg("EX").arg(60))
         .await
         .map_err(|e| e.to_string())?;
     admitted.fetch_add(1, Ordering::Relaxed);
