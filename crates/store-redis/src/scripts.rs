@@ -102,6 +102,14 @@ pub(crate) const RELEASE: &str = concat!(
     "return release(KEYS, ARGV)\n"
 );
 
+/// Charges or refunds one key without a check (`lua/adjust.lua`).
+pub(crate) const ADJUST: &str = concat!(
+    lua!("common.lua"),
+    every_algorithm!(),
+    lua!("adjust.lua"),
+    "return adjust(KEYS, ARGV)\n"
+);
+
 /// The name of the function library.
 pub const LIBRARY_NAME: &str = "sluice";
 /// The library version, part of the function names so that a new release and an old one can
@@ -109,16 +117,20 @@ pub const LIBRARY_NAME: &str = "sluice";
 /// if both are in it; versioned names make the intent explicit).
 pub(crate) const FN_CHECK: &str = "sluice_check_v1";
 pub(crate) const FN_RELEASE: &str = "sluice_release_v1";
+pub(crate) const FN_ADJUST: &str = "sluice_adjust_v1";
 
-/// The function library: the same code registered as `sluice_check_v1` and `sluice_release_v1`.
+/// The function library: the same code registered as `sluice_check_v1`, `sluice_release_v1`
+/// and `sluice_adjust_v1`.
 pub const FUNCTION_LIBRARY: &str = concat!(
     "#!lua name=sluice\n",
     lua!("common.lua"),
     every_algorithm!(),
     lua!("check.lua"),
     lua!("release.lua"),
+    lua!("adjust.lua"),
     "redis.register_function('sluice_check_v1', check)\n",
     "redis.register_function('sluice_release_v1', release)\n",
+    "redis.register_function('sluice_adjust_v1', adjust)\n",
 );
 
 /// Every script as `(name, Lua source)`: one per algorithm of the registry (under its name),
@@ -127,7 +139,7 @@ pub fn scripts() -> Vec<(&'static str, &'static str)> {
     AlgorithmKind::ALL
         .into_iter()
         .map(|kind| (kind.name(), single(kind)))
-        .chain([("multi", MULTI), ("release", RELEASE)])
+        .chain([("multi", MULTI), ("release", RELEASE), ("adjust", ADJUST)])
         .collect()
 }
 
@@ -181,7 +193,8 @@ mod tests {
                 "sliding-log",
                 "concurrency",
                 "multi",
-                "release"
+                "release",
+                "adjust"
             ]
         );
     }

@@ -1,5 +1,6 @@
 //! [`RedisStore`]: the [`Store`] on Redis or Valkey, standalone or Cluster.
 
+mod adjust;
 mod call;
 pub(crate) mod compensation;
 mod connection;
@@ -581,6 +582,19 @@ impl Store for RedisStore {
 
     fn requires_single_slot(&self) -> bool {
         self.cluster
+    }
+
+    async fn reset(&self, key: &str) -> Result<bool, StoreError> {
+        self.reset_key(key).await
+    }
+
+    async fn adjust(
+        &self,
+        key: &str,
+        algorithm: &Algorithm,
+        adjustment: sluice_core::algorithm::Adjustment,
+    ) -> Result<sluice_core::Decision, StoreError> {
+        self.adjust_key(key, algorithm, adjustment).await
     }
 
     /// A call waits at most the queue bound for its turn, then its round trip takes at most

@@ -242,7 +242,7 @@ pub fn adjust(
             match entries.last() {
                 None => Update::Delete,
                 Some(&(newest, _)) => Update::Put {
-                    expires_at: (newest.max(now_ms) + window_ms) * 1000,
+                    expires_at: (newest + window_ms) * 1000,
                     state: State::SlidingWindowLog(sliding_window_log::State {
                         entries: entries.into(),
                     }),
