@@ -50,12 +50,12 @@ pub(crate) fn verdict_name(verdict: &Verdict) -> &'static str {
     }
 }
 
-fn reason_name(reason: DenyReason) -> &'static str {
-    match reason {
-        DenyReason::Limited => "limited",
-        DenyReason::CostExceedsLimit => "cost_exceeds_limit",
-        DenyReason::OtherLimitDenied => "other_limit_denied",
-        DenyReason::StoreUnavailable => "store_unavailable",
+/// The reason's name as `sluice serve`'s JSON spells it (its serde name: `limited`,
+/// `cost_exceeds_limit`, `banned`, ...), so new reasons need no change here.
+fn reason_name(reason: DenyReason) -> String {
+    match serde_json::to_value(reason) {
+        Ok(serde_json::Value::String(name)) => name,
+        _ => format!("{reason:?}"),
     }
 }
 
@@ -65,7 +65,7 @@ impl CheckResult {
         let lead = lead_of(checked);
         let leader = lead.leader;
         let reason = match checked.verdict {
-            Verdict::FailedClosed(_) => Some("store_unavailable"),
+            Verdict::FailedClosed(_) => Some("store_unavailable".to_string()),
             _ if checked.allowed => None,
             _ => leader.and_then(|s| s.decision.reason).map(reason_name),
         };
@@ -86,7 +86,7 @@ impl CheckResult {
             reset_after_ms: number(leader.map_or(0, |s| s.decision.reset_after_ms)),
             delay_ms: number(checked.delay_ms()),
             verdict: verdict_name(&checked.verdict).to_string(),
-            reason: reason.map(str::to_string),
+            reason,
             headers,
             lease_token: LeaseToken::from_checked(checked).map(|t| t.encode()),
         }

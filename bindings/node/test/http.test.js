@@ -61,15 +61,29 @@ for (const [framework, serve] of Object.entries(FRAMEWORKS)) {
           apiKeyHeader: 'x-api-key',
         });
         try {
-          const key = `demo-${freshIdentity('k')}`; // a fresh bucket on the shared Redis
-          const responses = [];
-          for (let i = 0; i < 12; i++) responses.push(await get(app.base, '/hello', { 'x-api-key': key }));
+          // The bucket refills one token per 200 ms, so the sequence is exact only when the
+          // first 11 requests take less than that (the guide says as much). Warm the app up,
+          // then try a fresh key up to three times until a run is fast enough.
+          await get(app.base, '/hello', { 'x-api-key': 'warm-up' });
+          let key;
+          let responses;
+          let elapsed = Infinity;
+          for (let attempt = 0; attempt < 3 && elapsed >= 180; attempt++) {
+            key = `demo-${freshIdentity('k')}`; // a fresh bucket on the shared Redis
+            responses = [];
+            const started = performance.now();
+            for (let i = 0; i < 12; i++) {
+              responses.push(await get(app.base, '/hello', { 'x-api-key': key }));
+              if (i === 10) elapsed = performance.now() - started;
+            }
+          }
+          assert.ok(elapsed < 180, `11 requests took ${elapsed.toFixed(0)} ms three times: too slow for the sequence`);
           assert.deepEqual(
             responses.slice(0, 11).map((r) => r.status),
             [...Array(10).fill(200), 429],
           );
           responses.forEach((r, i) => {
-            if (r.status !== 200) return;
+            if (r.status !== 200 || i >= 10) return;
             assert.deepEqual(JSON.parse(r.body), { ok: true });
             assert.equal(r.headers.get('ratelimit-policy'), '"burst";q=10;w=2');
             assert.equal(r.headers.get('ratelimit'), `"burst";r=${9 - i};t=${i < 5 ? 1 : 2}`);

@@ -1,0 +1,11 @@
+import type { RateLimitOptions } from './index';
+import type { IncomingMessage, ServerResponse } from 'node:http';
+
+/**
+ * Express middleware. Sets `req.sluiceIdentity` (the identity the request was limited as)
+ * and the RateLimit headers, or answers 429 / the fail-closed status itself.
+ */
+export declare function rateLimit(
+  options: RateLimitOptions,
+): (req: IncomingMessage & { originalUrl?: string; sluiceIdentity?: string }, res: ServerResponse, next: (err?: unknown) => void) => void;
+export default rateLimit;

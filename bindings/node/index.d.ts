@@ -1,0 +1,171 @@
+// Types of the sluice package (hand-written; the runtime is index.js over sluice.node).
+
+/** A duration: `"500ms"`, `"10s"`, `"1m"`, `"1h"`, `"1d"`, or a number of seconds. */
+export type Duration = string | number;
+
+/** What to do when the store fails: admit, deny, or decide from a local embedded store. */
+export type FailureMode = 'open' | 'closed' | 'local';
+
+/** Options every algorithm takes. */
+export interface CommonOptions {
+  /** Default `"open"`. */
+  failureMode?: FailureMode;
+  /** Count decisions but never deny (default false). */
+  shadow?: boolean;
+  /** Split each identity's state over this many keys (hot keys on Redis Cluster; default 1). */
+  shards?: number;
+}
+
+export interface TokenBucketOptions extends CommonOptions {
+  capacity: number;
+  /** Refill rate such as `"5/s"`, `"300/min"`, `"10/2s"`. */
+  rate: string;
+}
+export interface GcraOptions extends CommonOptions {
+  /** Emission rate such as `"5/s"`. */
+  rate: string;
+  /** Extra requests beyond the steady rate (default 0). */
+  burst?: number;
+}
+export interface LeakyBucketOptions extends CommonOptions {
+  capacity: number;
+  /** Drain rate such as `"5/s"`. */
+  rate: string;
+  /** `"policing"` (default: deny when full) or `"shaping"` (delay). */
+  mode?: 'policing' | 'shaping';
+}
+export interface WindowOptions extends CommonOptions {
+  limit: number;
+  window: Duration;
+}
+export interface ConcurrencyOptions extends CommonOptions {
+  /** Requests in flight at once. */
+  limit: number;
+  /** How long a lease that is never released lives (default `"30s"`). */
+  lease?: Duration;
+}
+
+/** A named limit. Built by one constructor per algorithm; bad options throw (`code: 'InvalidArg'`). */
+export declare class Policy {
+  private constructor();
+  static tokenBucket(name: string, options: TokenBucketOptions): Policy;
+  static gcra(name: string, options: GcraOptions): Policy;
+  static leakyBucket(name: string, options: LeakyBucketOptions): Policy;
+  static fixedWindow(name: string, options: WindowOptions): Policy;
+  static slidingCounter(name: string, options: WindowOptions): Policy;
+  static slidingLog(name: string, options: WindowOptions): Policy;
+  static concurrency(name: string, options: ConcurrencyOptions): Policy;
+  /** Any algorithm by its registry name (`token-bucket`, `sliding-log`, ...). */
+  static create(algorithm: string, name: string, options?: object): Policy;
+  readonly name: string;
+  /** `token-bucket`, `gcra`, `leaky-bucket`, `fixed-window`, `sliding-counter`, `sliding-log` or `concurrency`. */
+  readonly algorithm: string;
+  /** The quota shown to clients (`q` of `RateLimit-Policy`). */
+  readonly quota: number;
+  /** The window shown to clients, in ms. */
+  readonly windowMs: number;
+  readonly failureMode: FailureMode;
+  readonly shadow: boolean;
+  readonly shards: number;
+}
+
+export interface ConnectOptions {
+  /** Bound of every store call, in ms (default 50). */
+  timeoutMs?: number;
+  /** Embedded store: the most keys tracked before eviction (default 1,000,000). */
+  maxKeys?: number;
+  /** Embedded store: the most bytes allocated before eviction (default unbounded). */
+  maxMemory?: number;
+  /** 64 hex digits: the `identity_hash_key` shared with the other services (credentials). */
+  hashKey?: string;
+  /** Also give `X-RateLimit-Limit`, `-Remaining`, `-Reset` in `headers`. */
+  legacyHeaders?: boolean;
+}
+
+export interface CheckOptions {
+  /** What the request costs (default 1). */
+  cost?: number;
+  /** An API key or other secret to limit by, hashed into `key:h<hex>` first. */
+  credential?: string | Buffer;
+}
+
+/** The answer to a check. */
+export interface CheckResult {
+  /** Whether to let the request through (shadow denials and fail-open admit). */
+  allowed: boolean;
+  /** How many more cost-1 requests would be admitted now. */
+  remaining: number;
+  /** The policy's quota (0 when the store failed). */
+  limit: number;
+  /** How long to wait before retrying, in ms (0 when admitted). */
+  retryAfterMs: number;
+  /** How long until the limit is back to full, in ms. */
+  resetAfterMs: number;
+  /** A shaping leaky bucket's delay before passing the request on, in ms. */
+  delayMs: number;
+  verdict: 'decided' | 'failed_open' | 'failed_closed';
+  /** Why it was denied: `limited`, `cost_exceeds_limit`, `store_unavailable`, ... */
+  reason?: string;
+  /** `RateLimit-Policy`, `RateLimit` and, on a denial, `Retry-After`. */
+  headers: Record<string, string>;
+  /** The concurrency leases taken, as text (for `limiter.release`, in this or another process). */
+  leaseToken?: string;
+  /** Present when `leaseToken` is: gives the leases back; resolves to how many the store held. */
+  release?: () => Promise<number>;
+}
+
+export declare class Limiter {
+  private constructor();
+  /** Connects to `"memory"` (default), `redis://`, `rediss://` or `redis+cluster://h:p,h:p`. */
+  static connect(url?: string, options?: ConnectOptions): Promise<Limiter>;
+  /** Never rejects for a store failure: the policy's failure mode decides (`verdict`). */
+  check(policy: Policy, identity: string, options?: CheckOptions): Promise<CheckResult>;
+  check(policy: Policy, options: CheckOptions & { credential: string | Buffer }): Promise<CheckResult>;
+  release(policy: Policy, leaseToken: string): Promise<number>;
+  /** The identity a credential is limited as: `key:h<hex>`, as the Rust layer and `sluice serve` make it. */
+  credentialIdentity(credential: string | Buffer): string;
+  /** The store key of a policy and identity: `rl:{<identity>}:<policy>`. */
+  key(policy: Policy, identity: string): string;
+  /** `memory` or `redis`. */
+  readonly store: string;
+  readonly circuitOpen: boolean;
+  readonly denyCacheHits: number;
+}
+
+/** One rule of the middleware: which policies apply under a path prefix. */
+export interface RateLimitRule {
+  /** Segment-wise: `/api` covers `/api` and `/api/x`, not `/apix`. Longest prefix wins. */
+  prefix: string;
+  /** Only these methods (default all); for equal prefixes a rule naming the method wins. */
+  methods?: string[];
+  /** No policies exempts the prefix. */
+  policies?: Policy[];
+  /** What one request costs (default 1). */
+  cost?: number;
+}
+
+/** Options of the Express middleware and the Fastify plugin. */
+export interface RateLimitOptions {
+  limiter: Limiter | Promise<Limiter>;
+  rules?: RateLimitRule[];
+  /** Shorthand for a rule for `/`. */
+  policies?: Policy[];
+  /** A header carrying an API key (e.g. `x-api-key`), hashed before use. */
+  apiKeyHeader?: string;
+  /** Limit `Authorization: Bearer <token>` by its hashed token. */
+  bearer?: boolean;
+  /** Which peers may set `Forwarded` / `X-Forwarded-For` / `X-Real-IP`: networks, or a hop count. Default nobody. */
+  trustedProxies?: string[] | number;
+  /** IPv6 clients are grouped by this prefix (default 64). */
+  ipv6Prefix?: number;
+  /** IPv4 clients are grouped by this prefix (default 32). */
+  ipv4Prefix?: number;
+  /** 64 hex digits; default the limiter's. */
+  hashKey?: string;
+  /** `RateLimit-Policy` and `RateLimit` on responses (default true). */
+  ratelimitHeaders?: boolean;
+  /** `X-RateLimit-*` on responses (default false). */
+  legacyHeaders?: boolean;
+  /** Status when the store fails and a policy fails closed: 503 (default) or 429. */
+  failClosedStatus?: number;
+}
