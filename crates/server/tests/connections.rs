@@ -78,6 +78,15 @@ impl Server {
 /// Sends one request on a fresh connection and returns the status, or `None` when the
 /// connection was closed or timed out without an answer.
 async fn status_of(addr: SocketAddr, method: &str, path: &str, body: &str) -> Option<u16> {
+    answer_of(addr, method, path, body)
+        .await?
+        .get(9..12)?
+        .parse()
+        .ok()
+}
+
+/// The whole answer (head and body) to one request on a fresh connection.
+async fn answer_of(addr: SocketAddr, method: &str, path: &str, body: &str) -> Option<String> {
     let fut = async {
         let mut s = TcpStream::connect(addr).await.ok()?;
         let req = format!(
@@ -87,8 +96,7 @@ async fn status_of(addr: SocketAddr, method: &str, path: &str, body: &str) -> Op
         s.write_all(req.as_bytes()).await.ok()?;
         let mut out = Vec::new();
         let _ = s.read_to_end(&mut out).await;
-        let text = String::from_utf8_lossy(&out);
-        text.get(9..12)?.parse().ok()
+        Some(String::from_utf8_lossy(&out).into_owned())
     };
     tokio::time::timeout(Duration::from_secs(5), fut)
         .await
@@ -322,11 +330,16 @@ async fn at_the_connection_cap_health_still_answers_and_checks_resume_after() {
         status_of(s.addrs.http, "GET", "/readyz", "").await,
         Some(200)
     );
-    // Beyond the cap, decisions wait for a normal connection.
-    assert_eq!(
-        status_of(s.addrs.http, "POST", "/v1/check", CHECK).await,
-        Some(503)
+    // Beyond the cap, decisions wait for a normal connection, told so in problem+json.
+    let answer = answer_of(s.addrs.http, "POST", "/v1/check", CHECK)
+        .await
+        .unwrap();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer:?}");
+    assert!(
+        answer.contains("content-type: application/problem+json"),
+        "{answer:?}"
     );
+    assert!(answer.contains("\"status\":503"), "{answer:?}");
     // Cap + reserve taken: the next connection is closed at once.
     let more = hold(s.addrs.http, 10).await;
     let mut extra = TcpStream::connect(s.addrs.http).await.unwrap();

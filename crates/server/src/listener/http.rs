@@ -4,10 +4,10 @@
 //! Per connection:
 //! - the request head must arrive within `header_read_timeout` (hyper's HTTP/1 timer, which also
 //!   runs from the moment the connection opens and while a keep-alive connection waits for its
-//!   next request) and fit in `max_header_bytes` (larger heads get 431; the buffer goes with the
-//!   connection);
+//!   next request) and fit in `max_header_bytes` (larger heads get hyper's own 431, with no
+//!   body since no request exists yet; the buffer goes with the connection);
 //! - a request body must arrive within `body_timeout` of its head, or the request ends with 408
-//!   and the connection closes;
+//!   (problem+json, like every answer written here) and the connection closes;
 //! - a connection with no request in flight for `idle_timeout` is closed (HTTP/2 included);
 //! - a connection admitted into the reserve answers only the listener's reserved paths, one
 //!   request, then closes; other paths get 503.
