@@ -13,6 +13,7 @@
 //! - [`limiter`]: [`Limiter`], [`Checked`], [`LimitResult`], [`Lease`]; its `store_call`
 //!   module awaits store calls (bounds, breaker, failure accounting).
 //! - [`breaker`]: the circuit breaker.
+//! - [`control`]: overrides, plans, bans, allow and deny lists changed at runtime.
 //! - [`deny_cache`]: the local deny cache that answers repeated denials without the store.
 //! - [`local`]: `failure_mode = "local"`, the embedded store that decides while the store is
 //!   unreachable.
@@ -28,12 +29,17 @@
 #![forbid(unsafe_code)]
 
 pub mod breaker;
+pub mod control;
 pub mod deny_cache;
 pub mod lease_token;
 pub mod limiter;
 pub mod local;
 pub mod url;
 
+pub use control::{
+    BanEntry, BanRule, ControlConfig, ControlPlane, ListEntry, ListKind, OverrideEntry,
+    OverrideTarget,
+};
 pub use deny_cache::DenyCacheMode;
 pub use lease_token::{LeaseToken, LeaseTokenError, TokenLease};
 pub use limiter::{Checked, Lease, LimitResult, Limiter, LimiterBuilder, Verdict};

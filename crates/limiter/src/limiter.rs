@@ -12,6 +12,7 @@ use sluice_core::{
 };
 
 use crate::breaker::{BreakerConfig, CircuitBreaker};
+use crate::control::ControlPlane;
 use crate::deny_cache::{DenyCache, DenyCacheMode};
 use crate::local::{LocalFallback, LocalShare};
 
@@ -113,6 +114,7 @@ pub struct LimiterBuilder {
     log_interval: Duration,
     deny_cache: DenyCacheMode,
     local_share: LocalShare,
+    control: Option<ControlPlane>,
 }
 
 impl LimiterBuilder {
@@ -126,6 +128,12 @@ impl LimiterBuilder {
     /// retry time (default [`DenyCacheMode::Auto`]: exact algorithms, remote stores only).
     pub fn deny_cache(mut self, mode: DenyCacheMode) -> Self {
         self.deny_cache = mode;
+        self
+    }
+    /// Where overrides, bans and lists live (default: in this process only; see
+    /// [`crate::control`]).
+    pub fn control(mut self, control: ControlPlane) -> Self {
+        self.control = Some(control);
         self
     }
     /// The key scheme (default prefix `rl`).
@@ -170,6 +178,7 @@ impl LimiterBuilder {
                 deny_cache: (deny_mode != DenyCacheMode::Off)
                     .then(|| DenyCache::new(DENY_CACHE_CAPACITY)),
                 local: LocalFallback::new(self.local_share),
+                control: self.control.unwrap_or_else(ControlPlane::local),
             }),
         }
     }
@@ -188,20 +197,21 @@ struct Inner {
     deny_mode: DenyCacheMode,
     deny_cache: Option<DenyCache>,
     local: LocalFallback,
+    control: ControlPlane,
 }
 
 /// One policy of a check on its way through [`Limiter::check_many`]: the result being filled
 /// in, and what the store is asked to evaluate for it.
 #[derive(Debug)]
-struct PlannedItem {
+pub(crate) struct PlannedItem {
     /// Policy, key and (once answered) the decision.
-    result: LimitResult,
+    pub(crate) result: LimitResult,
     /// The algorithm as evaluated on `result.key` (per shard for a sharded policy).
-    algorithm: sluice_core::Algorithm,
+    pub(crate) algorithm: sluice_core::Algorithm,
     /// The cost of the request against this policy.
     cost: u64,
     /// Whether the policy only counts (its own `shadow` flag, or the limiter's global one).
-    shadow: bool,
+    pub(crate) shadow: bool,
 }
 
 impl PlannedItem {
@@ -262,6 +272,7 @@ impl Limiter {
             log_interval: Duration::from_secs(10),
             deny_cache: DenyCacheMode::Auto,
             local_share: LocalShare::WHOLE,
+            control: None,
         }
     }
 
@@ -274,13 +285,22 @@ impl Limiter {
     /// A limiter on the store named by `url` (see [`crate::StoreUrl`]).
     pub async fn connect(url: &str, options: crate::StoreOptions) -> Result<Self, StoreError> {
         let parsed: crate::StoreUrl = url.parse()?;
-        let store = parsed.connect(&options).await?;
-        Ok(Self::builder(store).timeout(options.timeout).build())
+        let prefix = KeyScheme::default().prefix().to_string();
+        let (store, control) = crate::control::connect(&parsed, &options, &prefix).await?;
+        Ok(Self::builder(store)
+            .timeout(options.timeout)
+            .control(control)
+            .build())
     }
 
     /// The store behind this limiter.
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.inner.store
+    }
+
+    /// The control plane: overrides, bans, allow and deny lists.
+    pub fn control(&self) -> &ControlPlane {
+        &self.inner.control
     }
 
     /// The key scheme.
@@ -297,12 +317,21 @@ impl Limiter {
     /// all-or-nothing (one store call); shadow policies are checked in a separate call so they
     /// never block consumption of enforced ones.
     pub async fn check_many(&self, items: &[(&Identity, &Arc<Policy>, u64)]) -> Checked {
+        let checked = self.decide_many(items).await;
+        crate::control::hook::after(&self.inner.control, items, &checked);
+        checked
+    }
+
+    async fn decide_many(&self, items: &[(&Identity, &Arc<Policy>, u64)]) -> Checked {
         let inner = &*self.inner;
         let mut planned: Vec<PlannedItem> = items
             .iter()
             .map(|&(identity, policy, cost)| self.plan(identity, policy, cost))
             .collect();
 
+        if let Some(checked) = crate::control::hook::screen(&inner.control, items, &mut planned) {
+            return checked;
+        }
         if let Some(checked) = self.denied_locally(&mut planned) {
             return checked;
         }
@@ -458,6 +487,10 @@ impl Limiter {
         let single_slot = self.inner.store.requires_single_slot();
         let mut calls: Vec<StoreCall> = Vec::new();
         for (i, item) in planned.iter().enumerate() {
+            // Answered by the control plane (allow list) or refused (shadow ban).
+            if item.result.decision.is_some() {
+                continue;
+            }
             let slot = single_slot.then(|| key_slot(item.result.key.as_bytes()));
             match calls
                 .iter_mut()
@@ -480,7 +513,10 @@ impl Limiter {
     fn denied_locally(&self, planned: &mut Vec<PlannedItem>) -> Option<Checked> {
         let inner = &*self.inner;
         let cache = inner.deny_cache.as_ref()?;
-        if planned.iter().any(|item| item.shadow) {
+        if planned
+            .iter()
+            .any(|item| item.shadow || item.result.decision.is_some())
+        {
             return None;
         }
         let now = inner.now_us();

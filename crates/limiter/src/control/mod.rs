@@ -1,0 +1,545 @@
+//! The control plane: per-identity exceptions to the policies, changed at runtime.
+//!
+//! - **Overrides** bind one identity of one policy to other parameters or to a plan of the
+//!   configuration. The identity keeps its key (and so its state); only the numbers change.
+//! - **Bans** refuse an identity for a while, for every policy or some. They are set by hand
+//!   or by a policy's [`BanRule`] after repeated denials, each repeat ban longer.
+//! - **Allow and deny lists** hold identities and networks: an allowed identity bypasses the
+//!   limits, a denied one is refused outright.
+//!
+//! Decisions read only the local tables ([`tables`]), so a banned or denied flood costs the
+//! store nothing and an idle control plane costs one atomic load per check. Where the tables
+//! live depends on the store: on the embedded store they are the truth; on Redis and Valkey
+//! (Cluster included) the truth is a few hashes under one hash tag plus a version counter
+//! ([`redis`]), and every instance polls the version every 250 ms and reloads the hashes when
+//! it moves, so a change reaches every instance's next decision within a second.
+
+pub(crate) mod hook;
+#[cfg(feature = "redis")]
+mod redis;
+pub mod tables;
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use parking_lot::{Mutex, RwLock};
+use sluice_core::{Algorithm, Clock, Policy, StoreError, SystemClock};
+
+pub use tables::{BanEntry, ListEntry, OverrideEntry, OverrideTarget};
+use tables::{ListSet, Tables};
+
+/// How often an instance on a shared store asks whether the control entries changed.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+/// A policy's automatic ban: `after` denials within `within_ms` ban the identity for
+/// `duration_ms`; each ban while the previous one's level is remembered lasts `multiplier`
+/// times longer, at most `max_ms`. The level is forgotten `max_ms` after a ban ends.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BanRule {
+    /// Denials that trigger a ban.
+    pub after: u32,
+    /// The window the denials are counted in, ms.
+    pub within_ms: u64,
+    /// The first ban's length, ms.
+    pub duration_ms: u64,
+    /// Growth of each repeat ban.
+    pub multiplier: f64,
+    /// The longest ban, ms.
+    pub max_ms: u64,
+}
+
+impl BanRule {
+    /// The length of a ban at escalation `level` (0 for the first).
+    pub fn duration_at(&self, level: u32) -> u64 {
+        let ms = self.duration_ms as f64 * self.multiplier.powi(level.min(64) as i32);
+        if ms.is_finite() {
+            (ms as u64).clamp(1, self.max_ms.max(1))
+        } else {
+            self.max_ms.max(1)
+        }
+    }
+}
+
+/// What the configuration contributes: plans, ban rules and the lists written in the file.
+#[derive(Debug, Clone, Default)]
+pub struct ControlConfig {
+    /// Plan name, then policy name, to the parameters of that policy in that plan.
+    pub plans: HashMap<String, HashMap<String, Algorithm>>,
+    /// Policy name to its automatic ban.
+    pub bans: HashMap<String, BanRule>,
+    /// Identities and networks that bypass every limit.
+    pub allow: Vec<ListEntry>,
+    /// Identities and networks refused by every policy.
+    pub deny: Vec<ListEntry>,
+}
+
+/// Which list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListKind {
+    /// Bypasses limits.
+    Allow,
+    /// Refused.
+    Deny,
+}
+
+/// What the control plane says about one policy of a check.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Screen {
+    Pass,
+    Override(Algorithm),
+    Allowed,
+    Denied,
+    Banned(u64),
+}
+
+#[derive(Debug, Default)]
+struct Configured {
+    config: ControlConfig,
+    allow: ListSet,
+    deny: ListSet,
+}
+
+#[derive(Debug)]
+enum Backend {
+    /// The tables are the truth (the embedded store, or a store without a control backend).
+    Local,
+    #[cfg(feature = "redis")]
+    Redis(redis::RedisControl),
+}
+
+/// Counters of the embedded backend's automatic bans.
+#[derive(Debug, Default)]
+struct Strikes {
+    /// (policy, identity) to (denials, window start ms).
+    counts: HashMap<(String, String), (u32, u64)>,
+    /// (policy, identity) to (escalation level, forgotten at ms).
+    levels: HashMap<(String, String), (u32, u64)>,
+}
+
+/// The most identities whose denials the embedded backend counts at once.
+const MAX_STRIKE_ENTRIES: usize = 100_000;
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    clock: Arc<dyn Clock>,
+    configured: RwLock<Configured>,
+    tables: RwLock<Tables>,
+    active: AtomicBool,
+    has_ban_rules: AtomicBool,
+    backend: Backend,
+    strikes: Mutex<Strikes>,
+    /// Itself, for background tasks that must not keep it alive.
+    me: std::sync::OnceLock<std::sync::Weak<Shared>>,
+}
+
+/// The control plane of a limiter (see the module docs). Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct ControlPlane {
+    shared: Arc<Shared>,
+}
+
+impl ControlPlane {
+    /// A control plane whose entries live in this process only.
+    pub fn local() -> Self {
+        Self::with_backend(Backend::Local, Arc::new(SystemClock))
+    }
+
+    /// The same, reading time from `clock` (tests).
+    pub fn local_with_clock(clock: Arc<dyn Clock>) -> Self {
+        Self::with_backend(Backend::Local, clock)
+    }
+
+    /// A control plane kept in the Redis or Valkey behind `store`, under keys of `prefix`;
+    /// starts polling for changes (needs a Tokio runtime).
+    #[cfg(feature = "redis")]
+    pub fn redis(store: Arc<sluice_redis::RedisStore>, prefix: &str) -> Self {
+        let backend = Backend::Redis(redis::RedisControl::new(store, prefix));
+        let plane = Self::with_backend(backend, Arc::new(SystemClock));
+        redis::spawn_poller(Arc::downgrade(&plane.shared));
+        plane
+    }
+
+    fn with_backend(backend: Backend, clock: Arc<dyn Clock>) -> Self {
+        let shared = Arc::new(Shared {
+            clock,
+            configured: RwLock::new(Configured::default()),
+            tables: RwLock::new(Tables::default()),
+            active: AtomicBool::new(false),
+            has_ban_rules: AtomicBool::new(false),
+            backend,
+            strikes: Mutex::new(Strikes::default()),
+            me: std::sync::OnceLock::new(),
+        });
+        let _ = shared.me.set(Arc::downgrade(&shared));
+        ControlPlane { shared }
+    }
+
+    /// Where the entries live: `local` or `redis`.
+    pub fn backend(&self) -> &'static str {
+        match self.shared.backend {
+            Backend::Local => "local",
+            #[cfg(feature = "redis")]
+            Backend::Redis(_) => "redis",
+        }
+    }
+
+    /// Installs what the configuration says (plans, ban rules, the file's lists).
+    pub fn configure(&self, config: ControlConfig) {
+        let mut allow = ListSet::default();
+        let mut deny = ListSet::default();
+        for e in &config.allow {
+            allow.insert(e, None);
+        }
+        for e in &config.deny {
+            deny.insert(e, None);
+        }
+        self.shared
+            .has_ban_rules
+            .store(!config.bans.is_empty(), Ordering::Relaxed);
+        *self.shared.configured.write() = Configured {
+            config,
+            allow,
+            deny,
+        };
+        self.shared.update_active();
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.shared.now_ms()
+    }
+
+    fn expiry(&self, ttl: Option<Duration>) -> Option<u64> {
+        ttl.map(|t| self.now_ms().saturating_add(t.as_millis() as u64))
+    }
+
+    /// Reads the entries from the store now (a no-op for the local backend).
+    pub async fn refresh(&self) -> Result<(), StoreError> {
+        match &self.shared.backend {
+            Backend::Local => Ok(()),
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => r.reload(&self.shared).await,
+        }
+    }
+
+    /// Binds `identity` of `policy` to `target`, for `ttl` or until removed.
+    pub async fn set_override(
+        &self,
+        policy: &str,
+        identity: &str,
+        target: OverrideTarget,
+        ttl: Option<Duration>,
+    ) -> Result<OverrideEntry, StoreError> {
+        valid_identity(identity)?;
+        let entry = OverrideEntry {
+            target,
+            expires_at_ms: self.expiry(ttl),
+        };
+        match &self.shared.backend {
+            Backend::Local => {
+                self.shared
+                    .tables
+                    .write()
+                    .overrides
+                    .entry(policy.to_string())
+                    .or_default()
+                    .insert(identity.to_string(), entry.clone());
+            }
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => {
+                r.set_override(&self.shared, policy, identity, &entry)
+                    .await?
+            }
+        }
+        self.shared.update_active();
+        Ok(entry)
+    }
+
+    /// The live override of `identity` for `policy` (read from the store on Redis).
+    pub async fn get_override(
+        &self,
+        policy: &str,
+        identity: &str,
+    ) -> Result<Option<OverrideEntry>, StoreError> {
+        self.refresh().await?;
+        let now = self.now_ms();
+        Ok(self
+            .shared
+            .tables
+            .read()
+            .override_of(policy, identity, now)
+            .cloned())
+    }
+
+    /// Removes an override; returns whether there was one.
+    pub async fn remove_override(&self, policy: &str, identity: &str) -> Result<bool, StoreError> {
+        let removed = match &self.shared.backend {
+            Backend::Local => {
+                let mut t = self.shared.tables.write();
+                let removed = t
+                    .overrides
+                    .get_mut(policy)
+                    .and_then(|m| m.remove(identity))
+                    .is_some();
+                t.overrides.retain(|_, m| !m.is_empty());
+                removed
+            }
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => r.remove_override(&self.shared, policy, identity).await?,
+        };
+        self.shared.update_active();
+        Ok(removed)
+    }
+
+    /// Bans `identity` for `duration`, from `policies` (`None`: every policy).
+    pub async fn ban(
+        &self,
+        identity: &str,
+        duration: Duration,
+        policies: Option<Vec<String>>,
+    ) -> Result<BanEntry, StoreError> {
+        valid_identity(identity)?;
+        let policies = policies.map(|mut ps| {
+            ps.sort();
+            ps.dedup();
+            ps
+        });
+        let ban = BanEntry {
+            policies,
+            until_ms: self
+                .now_ms()
+                .saturating_add(duration.as_millis().max(1) as u64),
+        };
+        match &self.shared.backend {
+            Backend::Local => self.shared.tables.write().add_ban(identity, ban.clone()),
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => r.ban(&self.shared, identity, &ban).await?,
+        }
+        self.shared.update_active();
+        Ok(ban)
+    }
+
+    /// Lifts every ban of `identity`; returns whether there was one.
+    pub async fn unban(&self, identity: &str) -> Result<bool, StoreError> {
+        let removed = match &self.shared.backend {
+            Backend::Local => self.shared.tables.write().bans.remove(identity).is_some(),
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => r.unban(&self.shared, identity).await?,
+        };
+        self.shared.update_active();
+        Ok(removed)
+    }
+
+    /// How long `identity` stays banned for `policy`, ms (0: not banned).
+    pub fn ban_left_ms(&self, identity: &str, policy: &str) -> u64 {
+        let now = self.now_ms();
+        self.shared.tables.read().ban_left_ms(identity, policy, now)
+    }
+
+    /// Adds `entry` to a list, for `ttl` or until removed.
+    pub async fn list_add(
+        &self,
+        kind: ListKind,
+        entry: &ListEntry,
+        ttl: Option<Duration>,
+    ) -> Result<(), StoreError> {
+        let expires = self.expiry(ttl);
+        match &self.shared.backend {
+            Backend::Local => {
+                let mut t = self.shared.tables.write();
+                match kind {
+                    ListKind::Allow => t.allow.insert(entry, expires),
+                    ListKind::Deny => t.deny.insert(entry, expires),
+                }
+            }
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => r.list_add(&self.shared, kind, entry, expires).await?,
+        }
+        self.shared.update_active();
+        Ok(())
+    }
+
+    /// Removes `entry` from a list; returns whether it was there (runtime entries only: the
+    /// file's entries stay until the file changes).
+    pub async fn list_remove(&self, kind: ListKind, entry: &ListEntry) -> Result<bool, StoreError> {
+        let removed = match &self.shared.backend {
+            Backend::Local => {
+                let mut t = self.shared.tables.write();
+                match kind {
+                    ListKind::Allow => t.allow.remove(entry),
+                    ListKind::Deny => t.deny.remove(entry),
+                }
+            }
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => r.list_remove(&self.shared, kind, entry).await?,
+        };
+        self.shared.update_active();
+        Ok(removed)
+    }
+
+    /// True when some entry or list could change a decision.
+    pub(crate) fn active(&self) -> bool {
+        self.shared.active.load(Ordering::Relaxed)
+    }
+
+    /// What the control plane says about `identity` under `policy`. Order: deny list, allow
+    /// list, ban, override.
+    pub(crate) fn screen(&self, identity: &str, policy: &Policy, now_ms: u64) -> Screen {
+        let configured = self.shared.configured.read();
+        let tables = self.shared.tables.read();
+        if configured.deny.contains(identity, now_ms) || tables.deny.contains(identity, now_ms) {
+            return Screen::Denied;
+        }
+        if configured.allow.contains(identity, now_ms) || tables.allow.contains(identity, now_ms) {
+            return Screen::Allowed;
+        }
+        let left = tables.ban_left_ms(identity, &policy.name, now_ms);
+        if left > 0 {
+            return Screen::Banned(left);
+        }
+        let Some(o) = tables.override_of(&policy.name, identity, now_ms) else {
+            return Screen::Pass;
+        };
+        let algorithm = match &o.target {
+            OverrideTarget::Params(a) => Some(a),
+            OverrideTarget::Plan(plan) => configured
+                .config
+                .plans
+                .get(plan)
+                .and_then(|p| p.get(&policy.name)),
+        };
+        match algorithm {
+            // An override made for another algorithm (the policy changed since) is ignored.
+            Some(a) if a.kind() == policy.algorithm.kind() => Screen::Override(a.clone()),
+            _ => Screen::Pass,
+        }
+    }
+
+    /// The ms clock of the entries (Unix ms).
+    pub(crate) fn clock_ms(&self) -> u64 {
+        self.now_ms()
+    }
+
+    /// Counts a denial of `identity` by `policy` towards the policy's automatic ban.
+    pub(crate) fn note_denial(&self, identity: &str, policy: &str) {
+        if !self.shared.has_ban_rules.load(Ordering::Relaxed) {
+            return;
+        }
+        let Some(rule) = self
+            .shared
+            .configured
+            .read()
+            .config
+            .bans
+            .get(policy)
+            .cloned()
+        else {
+            return;
+        };
+        let now = self.now_ms();
+        if self.shared.tables.read().ban_left_ms(identity, policy, now) > 0 {
+            return;
+        }
+        match &self.shared.backend {
+            Backend::Local => {
+                if let Some(ban) = self.local_strike(identity, policy, &rule, now) {
+                    self.shared.tables.write().add_ban(identity, ban);
+                    self.shared.update_active();
+                    metrics::counter!("sluice_bans_total", "policy" => policy.to_string(), "source" => "automatic")
+                        .increment(1);
+                }
+            }
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => r.strike(&self.shared, identity, policy, rule, now),
+        }
+    }
+
+    fn local_strike(
+        &self,
+        identity: &str,
+        policy: &str,
+        rule: &BanRule,
+        now: u64,
+    ) -> Option<BanEntry> {
+        let mut s = self.shared.strikes.lock();
+        if s.counts.len() >= MAX_STRIKE_ENTRIES {
+            s.counts
+                .retain(|_, (_, start)| now < start.saturating_add(rule.within_ms));
+            if s.counts.len() >= MAX_STRIKE_ENTRIES {
+                return None;
+            }
+        }
+        let key = (policy.to_string(), identity.to_string());
+        let count = s.counts.entry(key.clone()).or_insert((0, now));
+        if now >= count.1.saturating_add(rule.within_ms) {
+            *count = (0, now);
+        }
+        count.0 += 1;
+        if count.0 < rule.after {
+            return None;
+        }
+        s.counts.remove(&key);
+        let level = match s.levels.get(&key) {
+            Some(&(level, forget_at)) if forget_at > now => level,
+            _ => 0,
+        };
+        let until = now.saturating_add(rule.duration_at(level));
+        s.levels.retain(|_, (_, forget_at)| *forget_at > now);
+        s.levels
+            .insert(key, (level + 1, until.saturating_add(rule.max_ms)));
+        Some(BanEntry {
+            policies: Some(vec![policy.to_string()]),
+            until_ms: until,
+        })
+    }
+}
+
+impl Shared {
+    fn now_ms(&self) -> u64 {
+        self.clock.now() / 1000
+    }
+
+    fn update_active(&self) {
+        let configured = self.configured.read();
+        let on = !self.tables.read().is_empty()
+            || !configured.allow.is_empty()
+            || !configured.deny.is_empty();
+        self.active.store(on, Ordering::Relaxed);
+    }
+}
+
+/// Connects to the store named by `url` together with the control plane that belongs to it:
+/// kept in the same Redis or Valkey (keys under `prefix`), or in this process for the
+/// embedded store.
+pub async fn connect(
+    url: &crate::StoreUrl,
+    options: &crate::StoreOptions,
+    prefix: &str,
+) -> Result<(Arc<dyn sluice_core::Store>, ControlPlane), StoreError> {
+    #[cfg(feature = "redis")]
+    if let crate::StoreUrl::Redis(u) = url {
+        let redis_options = sluice_redis::RedisOptions {
+            timeout: options.timeout,
+            ..Default::default()
+        };
+        let store = Arc::new(sluice_redis::connect(u, redis_options).await?);
+        let control = ControlPlane::redis(Arc::clone(&store), prefix);
+        control.refresh().await?;
+        return Ok((store, control));
+    }
+    let _ = prefix;
+    Ok((url.connect(options).await?, ControlPlane::local()))
+}
+
+fn valid_identity(identity: &str) -> Result<(), StoreError> {
+    if identity.is_empty() || identity.len() > 512 || identity.contains('\n') {
+        return Err(StoreError::Invalid(
+            "an identity must be 1 to 512 characters on one line".into(),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;
