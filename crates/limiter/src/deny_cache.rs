@@ -163,6 +163,14 @@ impl DenyCache {
         ))
     }
 
+    /// Forgets the denial remembered for `key` (its state was reset or refunded, so the
+    /// remembered retry time no longer holds).
+    pub(crate) fn forget(&self, key: &str) {
+        if self.shard(key).lock().remove(key).is_some() {
+            self.len.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
     /// Remembers the store's denial of a request of `cost` on `key`, sent at `sent`.
     pub(crate) fn record(&self, key: &str, cost: u64, sent: u64, decision: &Decision) {
         if decision.allowed

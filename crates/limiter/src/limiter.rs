@@ -16,6 +16,8 @@ use crate::control::ControlPlane;
 use crate::deny_cache::{DenyCache, DenyCacheMode};
 use crate::local::{LocalFallback, LocalShare};
 
+mod state_ops;
+
 mod store_call;
 
 /// How the verdict of a check was reached.
