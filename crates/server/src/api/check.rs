@@ -120,7 +120,10 @@ fn parse_check(rt: &Runtime, mut m: Map<String, Value>) -> Result<CheckRequest, 
 
 /// The identity of a request body: `"identity"` as given, or `"credential"` hashed as the
 /// proxy hashes an API key. `None` when neither is given.
-fn parse_identity(rt: &Runtime, m: &mut Map<String, Value>) -> Result<Option<Identity>, String> {
+pub(super) fn parse_identity(
+    rt: &Runtime,
+    m: &mut Map<String, Value>,
+) -> Result<Option<Identity>, String> {
     match (m.remove("identity"), m.remove("credential")) {
         (Some(_), Some(_)) => Err(
             "give either \"identity\" or \"credential\", not both: a credential is hashed \

@@ -11,6 +11,7 @@
 //! - this module: the router and what every endpoint shares (reading a JSON body, answering
 //!   JSON and problem+json, counting requests);
 //! - [`check`]: `/v1/check` and `/v1/release`, the decision API;
+//! - [`state`]: `/v1/state` (read, reset), `/v1/charge` and `/v1/refund`;
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics` and `/admin/reload`;
 //! - [`auth`]: the optional bearer tokens (`admin_token`, `server.api_token` for `/v1/*`);
 //! - [`openapi`]: the request and response shapes, served at `/openapi.json`.
@@ -19,6 +20,7 @@ mod admin;
 mod auth;
 mod check;
 mod openapi;
+mod state;
 
 use axum::Router;
 use axum::body::Body;
@@ -74,6 +76,7 @@ fn decision_routes(shared: Shared) -> Router<Shared> {
         ));
     Router::new()
         .merge(decisions)
+        .merge(state::routes())
         .route("/openapi.json", get(openapi::openapi_json))
 }
 

@@ -15,7 +15,7 @@ pub(super) async fn openapi_json() -> Response {
 /// The OpenAPI 3.1 description of the HTTP listener.
 pub fn openapi() -> Value {
     let problem = json!({ "description": "Malformed request", "content": { "application/problem+json": { "schema": { "$ref": "#/components/schemas/Problem" } } } });
-    json!({
+    let mut doc = json!({
         "openapi": "3.1.0",
         "info": {
             "title": "sluice decision API",
@@ -104,7 +104,9 @@ pub fn openapi() -> Value {
             "Problem": { "type": "object", "properties": {
                 "type": { "type": "string" }, "title": { "type": "string" }, "status": { "type": "integer" }, "detail": { "type": "string" } } }
         } }
-    })
+    });
+    super::state::add_openapi(&mut doc);
+    doc
 }
 
 #[cfg(test)]
@@ -120,6 +122,9 @@ mod tests {
             "/healthz",
             "/readyz",
             "/metrics",
+            "/v1/state",
+            "/v1/charge",
+            "/v1/refund",
         ] {
             assert!(doc["paths"][p].is_object(), "{p}");
         }
