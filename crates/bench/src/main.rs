@@ -27,23 +27,42 @@ struct Args {
     cmd: Cmd,
 }
 
+/// How long and how wide a load runs (`redis`, `flood` and `rls` take the same flags).
+#[derive(Debug, Clone, Copy, clap::Args)]
+struct Shape {
+    /// Measured seconds (0.1 to 600).
+    #[arg(long, default_value_t = 10.0)]
+    duration: f64,
+    /// Warm-up seconds (run, not counted; at most 60).
+    #[arg(long, default_value_t = 1.0)]
+    warmup: f64,
+    /// Calls in flight (1 to 4096).
+    #[arg(long, default_value_t = 64)]
+    conc: usize,
+    /// Distinct identities (`user:<n>`, or descriptor values for rls) picked at random.
+    #[arg(long, default_value_t = 100_000)]
+    keyspace: u64,
+}
+
+impl Shape {
+    /// The flags within the bounds every loop here keeps.
+    fn bounded(self) -> Self {
+        Self {
+            duration: self.duration.clamp(0.1, 600.0),
+            warmup: self.warmup.clamp(0.0, 60.0),
+            conc: self.conc.clamp(1, 4096),
+            keyspace: self.keyspace.max(1),
+        }
+    }
+}
+
 #[derive(Debug, clap::Args)]
 struct Load {
     /// Store URL (loopback Redis/Valkey, or `memory`).
     #[arg(long, default_value = "redis://127.0.0.1:6379/0")]
     redis: String,
-    /// Measured seconds.
-    #[arg(long, default_value_t = 10.0)]
-    duration: f64,
-    /// Warm-up seconds (run, not counted).
-    #[arg(long, default_value_t = 1.0)]
-    warmup: f64,
-    /// Decisions in flight.
-    #[arg(long, default_value_t = 64)]
-    conc: usize,
-    /// Identities `user:<n>` to pick from at random.
-    #[arg(long, default_value_t = 100_000)]
-    keyspace: u64,
+    #[command(flatten)]
+    shape: Shape,
     /// token-bucket, gcra, leaky-bucket, fixed-window, sliding-counter, sliding-log, concurrency.
     #[arg(long, default_value = "token-bucket")]
     algorithm: String,
@@ -63,12 +82,18 @@ struct Load {
 
 impl Load {
     fn config(&self) -> redis_load::LoadConfig {
+        let Shape {
+            duration,
+            warmup,
+            conc,
+            keyspace,
+        } = self.shape.bounded();
         redis_load::LoadConfig {
             url: self.redis.clone(),
-            duration: self.duration.clamp(0.1, 600.0),
-            warmup: self.warmup.clamp(0.0, 60.0),
-            conc: self.conc.clamp(1, 4096),
-            keyspace: self.keyspace.max(1),
+            duration,
+            warmup,
+            conc,
+            keyspace,
             algorithm: self.algorithm.clone(),
             deny_cache: self.deny_cache,
             threads: self.threads.max(1),
@@ -135,14 +160,8 @@ enum Cmd {
         domain: String,
         #[arg(long, default_value = "user")]
         key: String,
-        #[arg(long, default_value_t = 10.0)]
-        duration: f64,
-        #[arg(long, default_value_t = 1.0)]
-        warmup: f64,
-        #[arg(long, default_value_t = 64)]
-        conc: usize,
-        #[arg(long, default_value_t = 100_000)]
-        keyspace: u64,
+        #[command(flatten)]
+        shape: Shape,
     },
 }
 
@@ -191,20 +210,25 @@ fn main() -> ExitCode {
             target,
             domain,
             key,
-            duration,
-            warmup,
-            conc,
-            keyspace,
-        } => rls::run(rls::RlsConfig {
-            target,
-            domain,
-            key,
-            duration: duration.clamp(0.1, 600.0),
-            warmup: warmup.clamp(0.0, 60.0),
-            conc: conc.clamp(1, 4096),
-            keyspace: keyspace.max(1),
-        })
-        .map(|v| vec![v]),
+            shape,
+        } => {
+            let Shape {
+                duration,
+                warmup,
+                conc,
+                keyspace,
+            } = shape.bounded();
+            rls::run(rls::RlsConfig {
+                target,
+                domain,
+                key,
+                duration,
+                warmup,
+                conc,
+                keyspace,
+            })
+            .map(|v| vec![v])
+        }
     };
     match result {
         Ok(lines) => {
