@@ -41,6 +41,7 @@ pub struct Shared(Arc<Inner>);
 impl Shared {
     /// State serving `config` with `limiter`.
     pub fn new(config: Config, limiter: Limiter) -> Self {
+        limiter.control().configure(config.control.clone());
         let rt = Runtime {
             config: Arc::new(config),
             limiter,
@@ -60,6 +61,7 @@ impl Shared {
 
     /// Replaces the running configuration; returns the new generation.
     pub fn install(&self, config: Config, limiter: Limiter) -> u64 {
+        limiter.control().configure(config.control.clone());
         let mut cur = self.0.current.write();
         let generation = cur.generation + 1;
         *cur = Arc::new(Runtime {
@@ -94,8 +96,11 @@ pub async fn build_limiter(config: &Config) -> Result<Limiter, StoreError> {
         max_keys: config.store.max_keys,
         max_memory: Some(config.store.max_memory),
     };
-    let store = url.connect(&options).await?;
+    // The control plane (overrides, bans, lists) lives in the same store.
+    let (store, control) =
+        sluice::control::connect(&url, &options, &config.store.key_prefix).await?;
     Ok(Limiter::builder(store)
+        .control(control)
         .timeout(config.store.timeout)
         .key_scheme(KeyScheme::with_prefix(config.store.key_prefix.clone()))
         .build())

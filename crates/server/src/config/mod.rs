@@ -13,11 +13,12 @@
 //! - `raw`: the file as serde reads it.
 //! - `check`: checks shared by the sections (durations, addresses, secrets).
 //! - one module per section: `server` (with the top-level secrets), `store`, [`policy`],
-//!   `routes` (with `[proxy]`), `envoy`.
+//!   `routes` (with `[proxy]`), `envoy`, [`control`] (`[plans]`, `[lists]`, each policy's `ban`).
 //!
 //! [`Rate`]: sluice::Rate
 //! [`Algorithm`]: sluice::Algorithm
 
+pub mod control;
 mod check;
 mod envoy;
 pub mod error;
@@ -174,6 +175,8 @@ pub struct Config {
     pub domains: Arc<Domains>,
     /// Listener addresses set by flags rather than the file.
     pub listener_overrides: ListenerOverrides,
+    /// Plans, ban rules and the file's allow and deny lists (`[plans]`, `[lists]`, `ban`).
+    pub control: sluice::ControlConfig,
 }
 
 /// Listener addresses given on the command line, which win over the file's.
@@ -311,6 +314,7 @@ fn parse(
     let routes = routes::check_routes(&mut ck, &raw);
     let proxy = routes::check_proxy(&mut ck, &raw.proxy);
     let envoy = envoy::check_envoy(&mut ck, &raw, dir);
+    let control = control::check_control(&mut ck, &raw, &policies);
 
     let mut errors = ck.errors;
     errors.extend(envoy.yaml_errors);
@@ -336,5 +340,6 @@ fn parse(
         proxy,
         domains: Arc::new(envoy.domains),
         listener_overrides: ListenerOverrides::default(),
+        control,
     })
 }

@@ -7,6 +7,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 use toml::Spanned;
 
+use super::control::{ParamsText, RawBan, RawLists};
 use crate::descriptors::DomainFile;
 
 #[derive(Debug, Deserialize)]
@@ -30,6 +31,10 @@ pub(super) struct RawConfig {
     pub proxy: RawProxy,
     #[serde(default)]
     pub envoy: RawEnvoy,
+    #[serde(default)]
+    pub plans: BTreeMap<Spanned<String>, BTreeMap<Spanned<String>, Spanned<ParamsText>>>,
+    #[serde(default)]
+    pub lists: RawLists,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -87,6 +92,7 @@ pub(super) struct RawPolicy {
     #[serde(default)]
     pub shadow: bool,
     pub shards: Option<Spanned<u32>>,
+    pub ban: Option<Spanned<RawBan>>,
 }
 
 #[derive(Debug, Deserialize)]

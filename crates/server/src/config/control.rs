@@ -1,0 +1,249 @@
+//! `[plans.NAME.POLICY]`, `[lists]` and each policy's `ban = {...}`: what the configuration
+//! gives the limiter's control plane ([`sluice::control`]).
+//!
+//! A plan's table carries a policy's parameters under the policy's own field names; they are
+//! laid over the policy's parameters, so a plan only names what differs. The same overlay
+//! reads the `params` of an override set through the API ([`overlay`]).
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Deserialize;
+use sluice::core::algorithm::{Param, Params};
+use sluice::core::policy::parse_duration_ms;
+use sluice::{Algorithm, BanRule, ControlConfig, LeakyMode, ListEntry, Policy, Rate};
+use toml::Spanned;
+
+use super::PolicyConfig;
+use super::error::Checker;
+use super::raw::RawConfig;
+
+/// A number or a string (`window = 60` or `window = "1m"`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum NumberOrText {
+    /// A whole number (seconds, for durations).
+    Number(u64),
+    /// Text such as `1m` or `5/s`.
+    Text(String),
+}
+
+impl NumberOrText {
+    fn duration_ms(&self) -> Result<u64, String> {
+        match self {
+            NumberOrText::Number(s) => s
+                .checked_mul(1000)
+                .ok_or_else(|| "duration too large".to_string()),
+            NumberOrText::Text(t) => parse_duration_ms(t).map_err(|e| e.to_string()),
+        }
+    }
+}
+
+/// Algorithm parameters by the names `[policies.*]` uses, every one optional: a plan's table,
+/// or an override's `params`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParamsText {
+    /// `capacity`.
+    pub capacity: Option<u64>,
+    /// `rate` such as `5/s`.
+    pub rate: Option<String>,
+    /// `burst`.
+    pub burst: Option<u64>,
+    /// `limit`.
+    pub limit: Option<u64>,
+    /// `window` such as `1m`.
+    pub window: Option<NumberOrText>,
+    /// `mode`: `policing` or `shaping`.
+    pub mode: Option<String>,
+    /// `lease` such as `30s`.
+    pub lease: Option<NumberOrText>,
+}
+
+/// `ban = { after, within, duration, multiplier, max }` of a policy.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawBan {
+    pub after: u32,
+    pub within: NumberOrText,
+    pub duration: NumberOrText,
+    pub multiplier: Option<f64>,
+    pub max: Option<NumberOrText>,
+}
+
+/// `[lists]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLists {
+    #[serde(default)]
+    pub allow: Vec<Spanned<String>>,
+    #[serde(default)]
+    pub deny: Vec<Spanned<String>>,
+}
+
+/// The parameters an algorithm was built from.
+fn params_of(a: &Algorithm) -> Params {
+    let mut p = Params::default();
+    match *a {
+        Algorithm::TokenBucket { capacity, rate } => {
+            p.capacity = Some(capacity);
+            p.rate = Some(rate);
+        }
+        Algorithm::Gcra { rate, burst } => {
+            p.rate = Some(rate);
+            p.burst = Some(burst);
+        }
+        Algorithm::LeakyBucket {
+            capacity,
+            rate,
+            mode,
+        } => {
+            p.capacity = Some(capacity);
+            p.rate = Some(rate);
+            p.mode = Some(mode);
+        }
+        Algorithm::FixedWindow { limit, window_ms }
+        | Algorithm::SlidingWindowCounter { limit, window_ms }
+        | Algorithm::SlidingWindowLog { limit, window_ms } => {
+            p.limit = Some(limit);
+            p.window_ms = Some(window_ms);
+        }
+        Algorithm::Concurrency { limit, lease_ms } => {
+            p.limit = Some(limit);
+            p.lease_ms = Some(lease_ms);
+        }
+    }
+    p
+}
+
+/// `policy`'s algorithm with the parameters of `text` laid over its own. Parameters the
+/// algorithm does not take, values that do not parse and invalid results are errors.
+pub fn overlay(policy: &Policy, text: &ParamsText) -> Result<Algorithm, String> {
+    let kind = policy.algorithm.algorithm_kind();
+    let mut p = params_of(&policy.algorithm);
+    let given = [
+        (Param::Capacity, text.capacity.is_some()),
+        (Param::Rate, text.rate.is_some()),
+        (Param::Burst, text.burst.is_some()),
+        (Param::Limit, text.limit.is_some()),
+        (Param::Window, text.window.is_some()),
+        (Param::Mode, text.mode.is_some()),
+        (Param::Lease, text.lease.is_some()),
+    ];
+    for (param, is_given) in given {
+        if is_given {
+            kind.check_param(param)
+                .map_err(|e| format!("{}: {e}", param.name()))?;
+        }
+    }
+    if given.iter().all(|(_, g)| !g) {
+        return Err("no parameters given".into());
+    }
+    p.capacity = text.capacity.or(p.capacity);
+    p.burst = text.burst.or(p.burst);
+    p.limit = text.limit.or(p.limit);
+    if let Some(r) = &text.rate {
+        p.rate = Some(r.parse::<Rate>().map_err(|e| format!("rate: {e}"))?);
+    }
+    if let Some(w) = &text.window {
+        p.window_ms = Some(w.duration_ms().map_err(|e| format!("window: {e}"))?);
+    }
+    if let Some(l) = &text.lease {
+        p.lease_ms = Some(l.duration_ms().map_err(|e| format!("lease: {e}"))?);
+    }
+    if let Some(m) = &text.mode {
+        p.mode = Some(m.parse::<LeakyMode>().map_err(|e| format!("mode: {e}"))?);
+    }
+    let a = kind.build(&p).map_err(|errs| {
+        errs.iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    })?;
+    a.validate().map_err(|e| e.to_string())?;
+    Ok(a)
+}
+
+/// Reads a ban rule.
+fn ban_rule(b: &RawBan) -> Result<BanRule, String> {
+    if b.after == 0 {
+        return Err("after must be at least 1".into());
+    }
+    let positive = |what: &str, v: &NumberOrText| match v.duration_ms() {
+        Ok(0) => Err(format!("{what} must be above 0")),
+        Ok(ms) => Ok(ms),
+        Err(e) => Err(format!("{what}: {e}")),
+    };
+    let within_ms = positive("within", &b.within)?;
+    let duration_ms = positive("duration", &b.duration)?;
+    let multiplier = b.multiplier.unwrap_or(1.0);
+    if !multiplier.is_finite() || !(1.0..=1000.0).contains(&multiplier) {
+        return Err("multiplier must be between 1 and 1000".into());
+    }
+    let max_ms = match &b.max {
+        None => duration_ms,
+        Some(m) => positive("max", m)?,
+    };
+    if max_ms < duration_ms {
+        return Err("max must be at least duration".into());
+    }
+    Ok(BanRule {
+        after: b.after,
+        within_ms,
+        duration_ms,
+        multiplier,
+        max_ms,
+    })
+}
+
+/// Checks `[plans]`, `[lists]` and every policy's `ban` against the checked policies.
+pub(super) fn check_control(
+    ck: &mut Checker<'_>,
+    raw: &RawConfig,
+    policies: &BTreeMap<String, PolicyConfig>,
+) -> ControlConfig {
+    let mut out = ControlConfig::default();
+    for (plan, tables) in &raw.plans {
+        let plan_name = plan.get_ref();
+        if let Err(e) = sluice::core::policy::validate_policy_name(plan_name) {
+            ck.at(plan.span(), format!("plans.{plan_name}"), e.to_string());
+            continue;
+        }
+        let mut by_policy = HashMap::new();
+        for (policy, text) in tables {
+            let field = format!("plans.{plan_name}.{}", policy.get_ref());
+            let Some(pc) = policies.get(policy.get_ref()) else {
+                ck.at(policy.span(), field, "no such policy in [policies]");
+                continue;
+            };
+            match overlay(&pc.policy, text.get_ref()) {
+                Ok(a) => {
+                    by_policy.insert(policy.get_ref().clone(), a);
+                }
+                Err(e) => ck.at(text.span(), field, e),
+            }
+        }
+        out.plans.insert(plan_name.clone(), by_policy);
+    }
+    for (name, p) in &raw.policies {
+        if let Some(b) = &p.get_ref().ban {
+            match ban_rule(b.get_ref()) {
+                Ok(rule) => {
+                    out.bans.insert(name.get_ref().clone(), rule);
+                }
+                Err(e) => ck.at(b.span(), format!("policies.{}.ban", name.get_ref()), e),
+            }
+        }
+    }
+    for (which, list, into) in [
+        ("allow", &raw.lists.allow, &mut out.allow),
+        ("deny", &raw.lists.deny, &mut out.deny),
+    ] {
+        for e in list {
+            match ListEntry::parse(e.get_ref()) {
+                Ok(entry) => into.push(entry),
+                Err(msg) => ck.at(e.span(), format!("lists.{which}"), msg),
+            }
+        }
+    }
+    out
+}
