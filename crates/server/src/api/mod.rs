@@ -13,12 +13,15 @@
 //! - [`check`]: `/v1/check` and `/v1/release`, the decision API;
 //! - [`state`]: `/v1/state` (read, reset), `/v1/charge` and `/v1/refund`;
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics` and `/admin/reload`;
+//! - [`control`]: `/v1/overrides`, `/v1/bans`, `/v1/lists/*`, runtime exceptions to the
+//!   policies (admin token);
 //! - [`auth`]: the optional bearer tokens (`admin_token`, `server.api_token` for `/v1/*`);
 //! - [`openapi`]: the request and response shapes, served at `/openapi.json`.
 
 mod admin;
 mod auth;
 mod check;
+mod control;
 mod openapi;
 mod state;
 
@@ -74,8 +77,26 @@ fn decision_routes(shared: Shared) -> Router<Shared> {
             shared,
             auth::require_api_token,
         ));
+    // Changes to the control plane take the admin token (checked in each handler).
+    let control = Router::new()
+        .route(
+            "/v1/overrides",
+            post(control::set_override)
+                .get(control::get_override)
+                .delete(control::remove_override),
+        )
+        .route("/v1/bans", post(control::ban).delete(control::unban))
+        .route(
+            "/v1/lists/allow",
+            post(control::allow_add).delete(control::allow_remove),
+        )
+        .route(
+            "/v1/lists/deny",
+            post(control::deny_add).delete(control::deny_remove),
+        );
     Router::new()
         .merge(decisions)
+        .merge(control)
         .merge(state::routes())
         .route("/openapi.json", get(openapi::openapi_json))
 }

@@ -1,0 +1,471 @@
+//! `/v1/overrides`, `/v1/bans` and `/v1/lists/{allow,deny}`: runtime changes to the limiter's
+//! control plane ([`sluice::control`]).
+//!
+//! Every change needs the admin token when one is configured, and is logged with the peer
+//! that made it. Who is concerned comes as `identity` or `credential`, read exactly as
+//! `/v1/check` reads them, so a change made with an API key reaches the bucket the proxy and
+//! `/v1/check` use for that key. Changes go to the store; every instance sharing it applies
+//! them to its next decision within a second.
+
+use std::time::Duration;
+
+use axum::extract::{Request, State};
+use axum::response::Response;
+use http::StatusCode;
+use serde_json::{Map, Value, json};
+use sluice::core::policy::{format_duration_ms, parse_duration_ms};
+use sluice::{BanEntry, Identity, ListEntry, ListKind, OverrideEntry, OverrideTarget};
+
+use super::auth::{bearer_allows, unauthorized};
+use super::check::parse_identity;
+use super::{count, json_response, kind, problem, read_json};
+use crate::config::control::{ParamsText, overlay};
+use crate::state::{Runtime, Shared};
+
+/// The admin token check and the body, or the answer that refuses the request.
+async fn admit(
+    shared: &Shared,
+    req: Request,
+    endpoint: &'static str,
+) -> Result<(std::sync::Arc<Runtime>, String, Map<String, Value>), Response> {
+    let rt = shared.runtime();
+    if !bearer_allows(req.headers(), rt.config.admin_token.as_deref()) {
+        count(endpoint, StatusCode::UNAUTHORIZED);
+        return Err(unauthorized("admin_token"));
+    }
+    let peer = sluice_http::identity::peer_addr(req.extensions())
+        .map_or_else(|| "unknown".to_string(), |a| a.to_string());
+    match read_json(req, rt.config.server.max_body_bytes).await {
+        Ok(body) => Ok((rt, peer, body)),
+        Err(res) => {
+            count(endpoint, res.status());
+            Err(res)
+        }
+    }
+}
+
+fn bad(endpoint: &'static str, msg: &str) -> Response {
+    count(endpoint, StatusCode::BAD_REQUEST);
+    problem(StatusCode::BAD_REQUEST, msg)
+}
+
+fn store_failed(endpoint: &'static str, e: &sluice::StoreError) -> Response {
+    let status = match e {
+        sluice::StoreError::Invalid(_) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    };
+    count(endpoint, status);
+    problem(status, &format!("the change was not stored: {e}"))
+}
+
+fn ok(endpoint: &'static str, v: &Value) -> Response {
+    count(endpoint, StatusCode::OK);
+    json_response(StatusCode::OK, v)
+}
+
+fn not_found(endpoint: &'static str, msg: &str) -> Response {
+    count(endpoint, StatusCode::NOT_FOUND);
+    problem(StatusCode::NOT_FOUND, msg)
+}
+
+fn need_identity(rt: &Runtime, m: &mut Map<String, Value>) -> Result<Identity, String> {
+    parse_identity(rt, m)?.ok_or_else(|| {
+        "missing \"identity\" (e.g. \"user:42\") or \"credential\" (a secret, hashed as \
+         /v1/check hashes it)"
+            .to_string()
+    })
+}
+
+fn need_string(m: &mut Map<String, Value>, field: &str) -> Result<String, String> {
+    match m.remove(field) {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s),
+        Some(Value::String(_)) => Err(format!("\"{field}\" must not be empty")),
+        Some(other) => Err(format!(
+            "\"{field}\" must be a string, not {}",
+            kind(&other)
+        )),
+        None => Err(format!("missing \"{field}\"")),
+    }
+}
+
+/// A duration given as text (`10m`) or whole seconds.
+fn duration(m: &mut Map<String, Value>, field: &str) -> Result<Option<Duration>, String> {
+    let ms = match m.remove(field) {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(s)) => parse_duration_ms(&s).map_err(|e| format!("\"{field}\": {e}"))?,
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .and_then(|s| s.checked_mul(1000))
+            .ok_or_else(|| format!("\"{field}\" must be a whole number of seconds"))?,
+        Some(other) => {
+            return Err(format!(
+                "\"{field}\" must be a duration such as \"10m\" or seconds, not {}",
+                kind(&other)
+            ));
+        }
+    };
+    if ms == 0 {
+        return Err(format!("\"{field}\" must be above 0"));
+    }
+    Ok(Some(Duration::from_millis(ms)))
+}
+
+fn no_more_fields(m: &Map<String, Value>, expected: &str) -> Result<(), String> {
+    match m.keys().next() {
+        Some(k) => Err(format!("unknown field {k:?}: expected {expected}")),
+        None => Ok(()),
+    }
+}
+
+fn override_json(policy: &str, identity: &Identity, o: &OverrideEntry, rt: &Runtime) -> Value {
+    let effective = match &o.target {
+        OverrideTarget::Params(a) => Some(a.clone()),
+        OverrideTarget::Plan(p) => rt
+            .config
+            .control
+            .plans
+            .get(p)
+            .and_then(|t| t.get(policy))
+            .cloned(),
+    };
+    json!({
+        "policy": policy,
+        "identity": identity.as_str(),
+        "plan": match &o.target { OverrideTarget::Plan(p) => json!(p), _ => Value::Null },
+        "params": effective.map_or(Value::Null, |a| serde_json::to_value(a).unwrap_or(Value::Null)),
+        "expires_at_ms": o.expires_at_ms,
+    })
+}
+
+/// `POST /v1/overrides`.
+pub(super) async fn set_override(State(shared): State<Shared>, req: Request) -> Response {
+    const EP: &str = "overrides";
+    let (rt, peer, mut m) = match admit(&shared, req, EP).await {
+        Ok(x) => x,
+        Err(res) => return res,
+    };
+    let parsed = (|| {
+        let policy = need_string(&mut m, "policy")?;
+        let pc = rt
+            .config
+            .policies
+            .get(&policy)
+            .ok_or_else(|| format!("unknown policy {policy:?}"))?;
+        let identity = need_identity(&rt, &mut m)?;
+        let ttl = duration(&mut m, "ttl")?;
+        let target = match (m.remove("params"), m.remove("plan")) {
+            (Some(_), Some(_)) => return Err("give either \"params\" or \"plan\", not both".into()),
+            (None, None) => {
+                return Err("missing \"params\" (an object) or \"plan\" (a name)".into());
+            }
+            (Some(p), None) => {
+                let text: ParamsText =
+                    serde_json::from_value(p).map_err(|e| format!("\"params\": {e}"))?;
+                OverrideTarget::Params(
+                    overlay(&pc.policy, &text).map_err(|e| format!("\"params\": {e}"))?,
+                )
+            }
+            (None, Some(Value::String(plan))) => {
+                let has = rt
+                    .config
+                    .control
+                    .plans
+                    .get(&plan)
+                    .is_some_and(|t| t.contains_key(&policy));
+                if !has {
+                    return Err(format!(
+                        "plan {plan:?} has no [plans.{plan}.{policy}] table"
+                    ));
+                }
+                OverrideTarget::Plan(plan)
+            }
+            (None, Some(other)) => {
+                return Err(format!("\"plan\" must be a string, not {}", kind(&other)));
+            }
+        };
+        no_more_fields(&m, "policy, identity or credential, params or plan, ttl")?;
+        Ok((policy, identity, target, ttl))
+    })();
+    let (policy, identity, target, ttl) = match parsed {
+        Ok(x) => x,
+        Err(msg) => return bad(EP, &msg),
+    };
+    match rt
+        .limiter
+        .control()
+        .set_override(&policy, identity.as_str(), target, ttl)
+        .await
+    {
+        Ok(entry) => {
+            tracing::info!(%peer, policy, identity = identity.as_str(), ttl_ms = ttl.map(|t| t.as_millis() as u64), "override set");
+            ok(EP, &override_json(&policy, &identity, &entry, &rt))
+        }
+        Err(e) => store_failed(EP, &e),
+    }
+}
+
+/// `GET /v1/overrides?policy=P&identity=I` (or `credential=C`).
+pub(super) async fn get_override(State(shared): State<Shared>, req: Request) -> Response {
+    const EP: &str = "overrides";
+    let rt = shared.runtime();
+    if !bearer_allows(req.headers(), rt.config.admin_token.as_deref()) {
+        count(EP, StatusCode::UNAUTHORIZED);
+        return unauthorized("admin_token");
+    }
+    let query =
+        axum::extract::Query::<std::collections::HashMap<String, String>>::try_from_uri(req.uri());
+    let mut m: Map<String, Value> = match query {
+        Ok(q) => {
+            q.0.into_iter()
+                .map(|(k, v)| (k, Value::String(v)))
+                .collect()
+        }
+        Err(e) => return bad(EP, &format!("invalid query: {e}")),
+    };
+    let parsed = (|| {
+        let policy = need_string(&mut m, "policy")?;
+        let identity = need_identity(&rt, &mut m)?;
+        no_more_fields(&m, "policy, identity or credential")?;
+        Ok::<_, String>((policy, identity))
+    })();
+    let (policy, identity) = match parsed {
+        Ok(x) => x,
+        Err(msg) => return bad(EP, &msg),
+    };
+    match rt
+        .limiter
+        .control()
+        .get_override(&policy, identity.as_str())
+        .await
+    {
+        Ok(Some(entry)) => ok(EP, &override_json(&policy, &identity, &entry, &rt)),
+        Ok(None) => not_found(
+            EP,
+            &format!("no override of policy {policy:?} for this identity"),
+        ),
+        Err(e) => store_failed(EP, &e),
+    }
+}
+
+/// `DELETE /v1/overrides`.
+pub(super) async fn remove_override(State(shared): State<Shared>, req: Request) -> Response {
+    const EP: &str = "overrides";
+    let (rt, peer, mut m) = match admit(&shared, req, EP).await {
+        Ok(x) => x,
+        Err(res) => return res,
+    };
+    let parsed = (|| {
+        let policy = need_string(&mut m, "policy")?;
+        let identity = need_identity(&rt, &mut m)?;
+        no_more_fields(&m, "policy, identity or credential")?;
+        Ok::<_, String>((policy, identity))
+    })();
+    let (policy, identity) = match parsed {
+        Ok(x) => x,
+        Err(msg) => return bad(EP, &msg),
+    };
+    match rt
+        .limiter
+        .control()
+        .remove_override(&policy, identity.as_str())
+        .await
+    {
+        Ok(true) => {
+            tracing::info!(%peer, policy, identity = identity.as_str(), "override removed");
+            ok(
+                EP,
+                &json!({"policy": policy, "identity": identity.as_str(), "removed": true}),
+            )
+        }
+        Ok(false) => not_found(
+            EP,
+            &format!("no override of policy {policy:?} for this identity"),
+        ),
+        Err(e) => store_failed(EP, &e),
+    }
+}
+
+fn ban_json(identity: &Identity, ban: &BanEntry, now_ms: u64) -> Value {
+    let left = ban.until_ms.saturating_sub(now_ms);
+    json!({
+        "identity": identity.as_str(),
+        "policies": ban.policies,
+        "until_ms": ban.until_ms,
+        "retry_after_ms": left,
+        "duration": format_duration_ms(left.max(1)),
+    })
+}
+
+/// `POST /v1/bans`.
+pub(super) async fn ban(State(shared): State<Shared>, req: Request) -> Response {
+    const EP: &str = "bans";
+    let (rt, peer, mut m) = match admit(&shared, req, EP).await {
+        Ok(x) => x,
+        Err(res) => return res,
+    };
+    let parsed = (|| {
+        let identity = need_identity(&rt, &mut m)?;
+        let duration =
+            duration(&mut m, "duration")?.ok_or("missing \"duration\" (e.g. \"10m\")")?;
+        let policies = match m.remove("policies") {
+            None | Some(Value::Null) => None,
+            Some(Value::Array(list)) if !list.is_empty() => {
+                let mut names = Vec::new();
+                for v in list {
+                    match v {
+                        Value::String(s) if rt.config.policies.contains_key(&s) => names.push(s),
+                        Value::String(s) => return Err(format!("unknown policy {s:?}")),
+                        other => {
+                            return Err(format!(
+                                "\"policies\" must hold strings, not {}",
+                                kind(&other)
+                            ));
+                        }
+                    }
+                }
+                Some(names)
+            }
+            Some(other) => {
+                return Err(format!(
+                    "\"policies\" must be a non-empty list of policy names, not {}",
+                    kind(&other)
+                ));
+            }
+        };
+        no_more_fields(&m, "identity or credential, duration, policies")?;
+        Ok::<_, String>((identity, duration, policies))
+    })();
+    let (identity, duration, policies) = match parsed {
+        Ok(x) => x,
+        Err(msg) => return bad(EP, &msg),
+    };
+    let control = rt.limiter.control();
+    match control.ban(identity.as_str(), duration, policies).await {
+        Ok(ban) => {
+            tracing::info!(%peer, identity = identity.as_str(), duration_ms = duration.as_millis() as u64, policies = ?ban.policies, "ban set");
+            let now = ban
+                .until_ms
+                .saturating_sub(duration.as_millis().max(1) as u64);
+            ok(EP, &ban_json(&identity, &ban, now))
+        }
+        Err(e) => store_failed(EP, &e),
+    }
+}
+
+/// `DELETE /v1/bans`.
+pub(super) async fn unban(State(shared): State<Shared>, req: Request) -> Response {
+    const EP: &str = "bans";
+    let (rt, peer, mut m) = match admit(&shared, req, EP).await {
+        Ok(x) => x,
+        Err(res) => return res,
+    };
+    let parsed = (|| {
+        let identity = need_identity(&rt, &mut m)?;
+        no_more_fields(&m, "identity or credential")?;
+        Ok::<_, String>(identity)
+    })();
+    let identity = match parsed {
+        Ok(x) => x,
+        Err(msg) => return bad(EP, &msg),
+    };
+    match rt.limiter.control().unban(identity.as_str()).await {
+        Ok(true) => {
+            tracing::info!(%peer, identity = identity.as_str(), "ban lifted");
+            ok(EP, &json!({"identity": identity.as_str(), "removed": true}))
+        }
+        Ok(false) => not_found(EP, "no ban for this identity"),
+        Err(e) => store_failed(EP, &e),
+    }
+}
+
+async fn list_change(shared: Shared, req: Request, which: ListKind, add: bool) -> Response {
+    const EP: &str = "lists";
+    let (rt, peer, mut m) = match admit(&shared, req, EP).await {
+        Ok(x) => x,
+        Err(res) => return res,
+    };
+    let parsed = (|| {
+        let entry = match (m.remove("entry"), m.contains_key("credential")) {
+            (Some(Value::String(s)), false) => ListEntry::parse(&s)?,
+            (Some(_), true) => {
+                return Err("give either \"entry\" or \"credential\", not both".into());
+            }
+            (None, true) => ListEntry::Identity(need_identity(&rt, &mut m)?.as_str().to_string()),
+            (Some(other), false) => {
+                return Err(format!("\"entry\" must be a string, not {}", kind(&other)));
+            }
+            (None, false) => {
+                return Err(
+                    "missing \"entry\" (an identity, address or CIDR such as 203.0.113.0/24)"
+                        .into(),
+                );
+            }
+        };
+        let ttl = if add { duration(&mut m, "ttl")? } else { None };
+        no_more_fields(
+            &m,
+            if add {
+                "entry or credential, ttl"
+            } else {
+                "entry or credential"
+            },
+        )?;
+        Ok::<_, String>((entry, ttl))
+    })();
+    let (entry, ttl) = match parsed {
+        Ok(x) => x,
+        Err(msg) => return bad(EP, &msg),
+    };
+    let list = match which {
+        ListKind::Allow => "allow",
+        ListKind::Deny => "deny",
+    };
+    let control = rt.limiter.control();
+    if add {
+        match control.list_add(which, &entry, ttl).await {
+            Ok(()) => {
+                tracing::info!(%peer, list, entry = entry.text(), ttl_ms = ttl.map(|t| t.as_millis() as u64), "list entry added");
+                ok(
+                    EP,
+                    &json!({"list": list, "entry": entry.text(), "ttl_ms": ttl.map(|t| t.as_millis() as u64)}),
+                )
+            }
+            Err(e) => store_failed(EP, &e),
+        }
+    } else {
+        match control.list_remove(which, &entry).await {
+            Ok(true) => {
+                tracing::info!(%peer, list, entry = entry.text(), "list entry removed");
+                ok(
+                    EP,
+                    &json!({"list": list, "entry": entry.text(), "removed": true}),
+                )
+            }
+            Ok(false) => not_found(
+                EP,
+                &format!("{} is not on the runtime {list} list", entry.text()),
+            ),
+            Err(e) => store_failed(EP, &e),
+        }
+    }
+}
+
+/// `POST /v1/lists/allow`.
+pub(super) async fn allow_add(State(shared): State<Shared>, req: Request) -> Response {
+    list_change(shared, req, ListKind::Allow, true).await
+}
+
+/// `DELETE /v1/lists/allow`.
+pub(super) async fn allow_remove(State(shared): State<Shared>, req: Request) -> Response {
+    list_change(shared, req, ListKind::Allow, false).await
+}
+
+/// `POST /v1/lists/deny`.
+pub(super) async fn deny_add(State(shared): State<Shared>, req: Request) -> Response {
+    list_change(shared, req, ListKind::Deny, true).await
+}
+
+/// `DELETE /v1/lists/deny`.
+pub(super) async fn deny_remove(State(shared): State<Shared>, req: Request) -> Response {
+    list_change(shared, req, ListKind::Deny, false).await
+}
