@@ -99,8 +99,12 @@ pub async fn build_limiter(config: &Config) -> Result<Limiter, StoreError> {
     // The control plane (overrides, bans, lists) lives in the same store.
     let (store, control) =
         sluice::control::connect(&url, &options, &config.store.key_prefix).await?;
+    // Checked by the configuration (0 < share <= 1), so this cannot fail here.
+    let share = sluice::LocalShare::new(config.store.local_share)
+        .map_err(|e| StoreError::Invalid(format!("store.local_share: {e}")))?;
     Ok(Limiter::builder(store)
         .control(control)
+        .local_share(share)
         .timeout(config.store.timeout)
         .key_scheme(KeyScheme::with_prefix(config.store.key_prefix.clone()))
         .build())
