@@ -351,6 +351,9 @@ fn describe(a: &Algorithm) -> String {
                 sluice_core::policy::format_duration_ms(*window_ms)
             )
         }
+        Algorithm::CalendarWindow { limit, period } => {
+            format!("fixed-window limit={limit} window=\"{period}\"")
+        }
         Algorithm::Concurrency { limit, .. } => format!("concurrency limit={limit}"),
     }
 }

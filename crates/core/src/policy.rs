@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
+
+pub use crate::algorithm::calendar::CalendarPeriod;
 use std::str::FromStr;
 
 /// The largest integer every store can represent exactly (Lua numbers are doubles).
@@ -72,6 +74,13 @@ impl FromStr for Rate {
             "m" | "min" | "minute" => 60_000,
             "h" | "hour" => 3_600_000,
             "d" | "day" => 86_400_000,
+            "mo" | "mon" | "month" | "months" => {
+                return Err(PolicyError::Parse(format!(
+                    "invalid rate {s:?}: a month has no fixed length; for a quota per calendar \
+                     month use algorithm = \"fixed-window\" with limit = {amount} and \
+                     window = \"1 month\""
+                )));
+            }
             other => parse_duration_ms(other).map_err(|_| bad())?,
         };
         if amount == 0 || per_ms == 0 {
@@ -163,6 +172,9 @@ pub enum Algorithm {
     },
     /// `limit` per window of `window_ms`, windows aligned to the Unix epoch.
     FixedWindow { limit: u64, window_ms: u64 },
+    /// `limit` per calendar day, ISO week or month in UTC (a fixed window aligned to the
+    /// calendar; configured as `algorithm = "fixed-window"`, `window = "1 month"`).
+    CalendarWindow { limit: u64, period: CalendarPeriod },
     /// Current window plus the previous one weighted by its overlap with the sliding window.
     SlidingWindowCounter { limit: u64, window_ms: u64 },
     /// Exact: a log of admitted requests; never more than `limit` in any `window_ms`.
@@ -185,6 +197,7 @@ impl Algorithm {
             }
             Algorithm::Gcra { burst, .. } => burst + 1,
             Algorithm::FixedWindow { limit, .. }
+            | Algorithm::CalendarWindow { limit, .. }
             | Algorithm::SlidingWindowCounter { limit, .. }
             | Algorithm::SlidingWindowLog { limit, .. }
             | Algorithm::Concurrency { limit, .. } => limit,
@@ -205,7 +218,25 @@ impl Algorithm {
             Algorithm::FixedWindow { window_ms, .. }
             | Algorithm::SlidingWindowCounter { window_ms, .. }
             | Algorithm::SlidingWindowLog { window_ms, .. } => window_ms,
+            // The longest the period lasts; the reset of each answer is exact.
+            Algorithm::CalendarWindow { period, .. } => period.max_ms(),
             Algorithm::Concurrency { lease_ms, .. } => lease_ms,
+        }
+    }
+
+    /// This fixed window counted per calendar `period` instead of per fixed length (what
+    /// `window = "1 month"` builds). Only a fixed window has a calendar form: the sliding
+    /// windows weigh or log time continuously, which a calendar boundary does not change.
+    pub fn on_calendar(&self, period: CalendarPeriod) -> Result<Algorithm, PolicyError> {
+        match *self {
+            Algorithm::FixedWindow { limit, .. } | Algorithm::CalendarWindow { limit, .. } => {
+                Ok(Algorithm::CalendarWindow { limit, period })
+            }
+            _ => Err(PolicyError::Invalid(format!(
+                "window = \"{period}\" is a calendar window, only for fixed-window; {} needs \
+                 a length such as \"30d\"",
+                self.kind()
+            ))),
         }
     }
 
@@ -236,6 +267,10 @@ impl Algorithm {
             Algorithm::FixedWindow { limit, window_ms } => Algorithm::FixedWindow {
                 limit: div(limit),
                 window_ms,
+            },
+            Algorithm::CalendarWindow { limit, period } => Algorithm::CalendarWindow {
+                limit: div(limit),
+                period,
             },
             Algorithm::SlidingWindowCounter { limit, window_ms } => {
                 Algorithm::SlidingWindowCounter {
@@ -315,6 +350,10 @@ impl Algorithm {
                 positive("limit", limit)?;
                 positive_ms("window", window_ms)?;
                 exact("limit x window", limit as u128 * window_ms as u128)
+            }
+            Algorithm::CalendarWindow { limit, period } => {
+                positive("limit", limit)?;
+                exact("limit x window", limit as u128 * period.max_ms() as u128)
             }
             Algorithm::Concurrency { limit, lease_ms } => {
                 positive("limit", limit)?;

@@ -76,6 +76,10 @@ impl LocalShare {
                 limit: self.scale(limit),
                 window_ms,
             },
+            Algorithm::CalendarWindow { limit, period } => Algorithm::CalendarWindow {
+                limit: self.scale(limit),
+                period,
+            },
             Algorithm::SlidingWindowCounter { limit, window_ms } => {
                 Algorithm::SlidingWindowCounter {
                     limit: self.scale(limit),

@@ -184,6 +184,16 @@ pub fn restrictive_state(
                 count,
             })
         }
+        Algorithm::CalendarWindow { limit, period } => {
+            let count = bound.amount.min(limit);
+            if count == 0 {
+                return None;
+            }
+            State::FixedWindow(fixed_window::State {
+                window_start: period.bounds(now_ms).0,
+                count,
+            })
+        }
         Algorithm::SlidingWindowCounter { limit, window_ms } => {
             let spent = bound.amount.min(limit);
             if spent == 0 {

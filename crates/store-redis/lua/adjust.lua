@@ -106,7 +106,7 @@ local function moved_count(count, charge, cost)
   return math.max(0, count - cost)
 end
 
-ADJUST.fw = function(key, now, charge, cost, pad, _, w)
+ADJUST.fw = function(key, now, charge, cost, pad, _, w, calendar)
   local now_ms = floor(now / 1000)
   local stored, count = nil, 0
   local v = get_string(key)
@@ -117,7 +117,7 @@ ADJUST.fw = function(key, now, charge, cost, pad, _, w)
       now_ms = math.max(now_ms, stored)
     end
   end
-  local start = fdiv(now_ms, w) * w
+  local start, finish = window_bounds(calendar, now_ms, w)
   if stored ~= start then
     count = 0
   end
@@ -125,7 +125,7 @@ ADJUST.fw = function(key, now, charge, cost, pad, _, w)
   if count == 0 then
     call('DEL', key)
   else
-    put_string(key, string.format('f%d:%d', start, count), start + w - now_ms, pad)
+    put_string(key, string.format('f%d:%d', start, count), finish - now_ms, pad)
   end
 end
 

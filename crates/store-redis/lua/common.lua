@@ -34,6 +34,68 @@ local function cdiv(a, b)
   return q
 end
 
+-- Calendar windows (crates/core/src/algorithm/calendar.rs): days since 1970-01-01 of the
+-- date y-m-d, and the date of a day number, for the proleptic Gregorian calendar. Every value
+-- is a non-negative integer far below 2^53, so the double arithmetic is exact.
+local DAY_MS = 86400000
+
+local function days_from_civil(y, m, d)
+  if m <= 2 then
+    y = y - 1
+  end
+  local era = fdiv(y, 400)
+  local yoe = y - era * 400
+  local doy = fdiv(153 * ((m + 9) % 12) + 2, 5) + d - 1
+  local doe = yoe * 365 + fdiv(yoe, 4) - fdiv(yoe, 100) + doy
+  return era * 146097 + doe - 719468
+end
+
+local function civil_from_days(days)
+  local z = days + 719468
+  local era = fdiv(z, 146097)
+  local doe = z - era * 146097
+  local yoe = fdiv(doe - fdiv(doe, 1460) + fdiv(doe, 36524) - fdiv(doe, 146096), 365)
+  local doy = doe - (365 * yoe + fdiv(yoe, 4) - fdiv(yoe, 100))
+  local mp = fdiv(5 * doy + 2, 153)
+  local d = doy - fdiv(153 * mp + 2, 5) + 1
+  local m = mp + 3
+  if mp >= 10 then
+    m = mp - 9
+  end
+  local y = yoe + era * 400
+  if m <= 2 then
+    y = y + 1
+  end
+  return y, m, d
+end
+
+-- [start, end) in ms of the window holding now_ms: epoch-aligned windows of w ms when
+-- `calendar` is 0, else the UTC day (1), ISO week from Monday (2) or month (3).
+local function window_bounds(calendar, now_ms, w)
+  if calendar == 1 or calendar == 2 or calendar == 3 then
+    local day = fdiv(now_ms, DAY_MS)
+    local s, e
+    if calendar == 1 then
+      s, e = day, day + 1
+    elseif calendar == 2 then
+      -- 1970-01-01 was a Thursday: Monday-based weekday = (day + 3) mod 7.
+      s = day - (day + 3) % 7
+      e = s + 7
+    else
+      local y, m = civil_from_days(day)
+      s = days_from_civil(y, m, 1)
+      if m == 12 then
+        e = days_from_civil(y + 1, 1, 1)
+      else
+        e = days_from_civil(y, m + 1, 1)
+      end
+    end
+    return s * DAY_MS, e * DAY_MS
+  end
+  local s = fdiv(now_ms, w) * w
+  return s, s + w
+end
+
 -- The value of a string key, or nil when it is missing or holds another type (a policy that
 -- changed algorithm): a state of another algorithm is treated as absent.
 local function get_string(key)

@@ -1,8 +1,11 @@
--- fixed_window.lua: fixed window aligned to the epoch (docs/algorithms.md, fixed_window.rs).
+-- fixed_window.lua: fixed window aligned to the epoch, or to the UTC calendar
+-- (docs/algorithms.md, fixed_window.rs, calendar.rs).
 --
--- Item parameters: p1 = limit L, p2 = window W (ms). State: string `f<window_start>:<count>`.
+-- Item parameters: p1 = limit L, p2 = window W (ms), p3 = calendar period (0 none, 1 day,
+-- 2 ISO week, 3 month: the window's bounds come from the calendar, see window_bounds).
+-- State: string `f<window_start>:<count>`.
 -- Redis commands per decision: GET, then SET PX when admitted with cost > 0 (2 at most).
-CHECK.fw = function(key, now, cost, limit, w)
+CHECK.fw = function(key, now, cost, limit, w, calendar)
   local now_ms = floor(now / 1000)
   local stored, count = nil, 0
   local v = get_string(key)
@@ -16,11 +19,11 @@ CHECK.fw = function(key, now, cost, limit, w)
       end
     end
   end
-  local start = fdiv(now_ms, w) * w
+  local start, finish = window_bounds(calendar, now_ms, w)
   if stored ~= start then
     count = 0
   end
-  local left = start + w - now_ms
+  local left = finish - now_ms
   local function reset_of(c)
     if c > 0 then
       return left

@@ -44,6 +44,10 @@ pub(crate) fn push_item_args(
         Algorithm::FixedWindow { limit, window_ms }
         | Algorithm::SlidingWindowCounter { limit, window_ms }
         | Algorithm::SlidingWindowLog { limit, window_ms } => [limit, window_ms, 0, 0],
+        // A fixed window whose bounds the script computes from the calendar (p3).
+        Algorithm::CalendarWindow { limit, period } => {
+            [limit, period.max_ms(), period.lua_code(), 0]
+        }
         Algorithm::Concurrency { limit, lease_ms } => [limit, lease_ms, 0, 0],
     };
     // The code the Lua files register the algorithm under (`CHECK.<code>`).

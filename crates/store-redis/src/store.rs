@@ -360,7 +360,7 @@ fn script_index(algorithm: &Algorithm) -> usize {
         Algorithm::TokenBucket { .. } => 0,
         Algorithm::Gcra { .. } => 1,
         Algorithm::LeakyBucket { .. } => 2,
-        Algorithm::FixedWindow { .. } => 3,
+        Algorithm::FixedWindow { .. } | Algorithm::CalendarWindow { .. } => 3,
         Algorithm::SlidingWindowCounter { .. } => 4,
         Algorithm::SlidingWindowLog { .. } => 5,
         Algorithm::Concurrency { .. } => 6,

@@ -158,13 +158,19 @@ pub fn adjust(
                 }
             }
         }
-        Algorithm::FixedWindow { window_ms, .. } => {
+        Algorithm::FixedWindow { .. } | Algorithm::CalendarWindow { .. } => {
             let s = match state {
                 Some(State::FixedWindow(s)) => Some(s),
                 _ => None,
             };
-            let now_ms = (now / 1000).max(s.map_or(0, |s| s.window_start));
-            let start = now_ms / window_ms * window_ms;
+            let now_ms = fixed_window::window_now(s, now);
+            let (start, end) = match *algorithm {
+                Algorithm::CalendarWindow { period, .. } => period.bounds(now_ms),
+                Algorithm::FixedWindow { window_ms, .. } => {
+                    fixed_window::epoch_bounds(window_ms, now_ms)
+                }
+                _ => unreachable!("matched above"),
+            };
             let count = s.filter(|s| s.window_start == start).map_or(0, |s| s.count);
             let count = moved_count(count, cost, charge);
             if count == 0 {
@@ -175,7 +181,7 @@ pub fn adjust(
                         window_start: start,
                         count,
                     }),
-                    expires_at: (start + window_ms) * 1000,
+                    expires_at: end * 1000,
                 }
             }
         }

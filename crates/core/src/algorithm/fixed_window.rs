@@ -1,7 +1,9 @@
 //! Fixed window: a counter per window of `window_ms`, windows aligned to the Unix epoch (so
-//! every server and the Lua scripts agree on where a window starts). The cheapest algorithm; it
+//! every server and the Lua scripts agree on where a window starts), or per calendar day, week
+//! or month in UTC ([`super::calendar`]). The cheapest algorithm; it
 //! admits up to twice the limit across a window boundary.
 
+use super::calendar::CalendarPeriod;
 use super::{Outcome, Update};
 use crate::clock::Timestamp;
 use crate::decision::Decision;
@@ -23,15 +25,48 @@ pub fn decide(
     now: Timestamp,
     cost: u64,
 ) -> Outcome<State> {
-    // A clock behind the stored window is treated as standing at its start, so a step back
-    // across a boundary cannot open a fresh window (nothing is refunded).
-    let now_ms = (now / 1000).max(state.map_or(0, |s| s.window_start));
+    decide_in(state, limit, |t| epoch_bounds(window_ms, t), now, cost)
+}
+
+/// Decides one request in a calendar window (see [`super::calendar`]).
+pub fn decide_calendar(
+    state: Option<&State>,
+    limit: u64,
+    period: CalendarPeriod,
+    now: Timestamp,
+    cost: u64,
+) -> Outcome<State> {
+    decide_in(state, limit, |t| period.bounds(t), now, cost)
+}
+
+/// `[start, end)` of the epoch-aligned window of `window_ms` holding `now_ms`.
+pub fn epoch_bounds(window_ms: u64, now_ms: u64) -> (u64, u64) {
     let start = now_ms / window_ms * window_ms;
+    (start, start + window_ms)
+}
+
+/// The clock as the window sees it: a clock behind the stored window is treated as standing
+/// at its start, so a step back across a boundary cannot open a fresh window (nothing is
+/// refunded).
+pub(crate) fn window_now(state: Option<&State>, now: Timestamp) -> u64 {
+    (now / 1000).max(state.map_or(0, |s| s.window_start))
+}
+
+/// Decides one request in the window `bounds(now_ms)` gives.
+fn decide_in(
+    state: Option<&State>,
+    limit: u64,
+    bounds: impl Fn(u64) -> (u64, u64),
+    now: Timestamp,
+    cost: u64,
+) -> Outcome<State> {
+    let now_ms = window_now(state, now);
+    let (start, end) = bounds(now_ms);
     let count = match state {
         Some(s) if s.window_start == start => s.count,
         _ => 0,
     };
-    let until_end = start + window_ms - now_ms;
+    let until_end = end - now_ms;
     let reset = |count: u64| if count > 0 { until_end } else { 0 };
     if cost > limit {
         let decision =
@@ -59,7 +94,7 @@ pub fn decide(
                 window_start: start,
                 count: after,
             },
-            expires_at: (start + window_ms) * 1000,
+            expires_at: end * 1000,
         }
     };
     Outcome { decision, update }

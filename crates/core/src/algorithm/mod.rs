@@ -6,6 +6,7 @@
 //! the same functions and a differential test holds them equal. [`registry`] names them.
 
 pub mod adjust;
+pub mod calendar;
 pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
@@ -114,6 +115,13 @@ pub fn decide(
                 _ => None,
             };
             fixed_window::decide(s, limit, window_ms, now, cost).map(State::FixedWindow)
+        }
+        Algorithm::CalendarWindow { limit, period } => {
+            let s = match state {
+                Some(State::FixedWindow(s)) => Some(s),
+                _ => None,
+            };
+            fixed_window::decide_calendar(s, limit, period, now, cost).map(State::FixedWindow)
         }
         Algorithm::SlidingWindowCounter { limit, window_ms } => {
             let s = match state {

@@ -348,7 +348,9 @@ impl Algorithm {
             Algorithm::TokenBucket { .. } => AlgorithmKind::TokenBucket,
             Algorithm::Gcra { .. } => AlgorithmKind::Gcra,
             Algorithm::LeakyBucket { .. } => AlgorithmKind::LeakyBucket,
-            Algorithm::FixedWindow { .. } => AlgorithmKind::FixedWindow,
+            Algorithm::FixedWindow { .. } | Algorithm::CalendarWindow { .. } => {
+                AlgorithmKind::FixedWindow
+            }
             Algorithm::SlidingWindowCounter { .. } => AlgorithmKind::SlidingWindowCounter,
             Algorithm::SlidingWindowLog { .. } => AlgorithmKind::SlidingWindowLog,
             Algorithm::Concurrency { .. } => AlgorithmKind::Concurrency,

@@ -107,6 +107,10 @@ fn params_of(a: &Algorithm) -> Params {
             p.limit = Some(limit);
             p.window_ms = Some(window_ms);
         }
+        Algorithm::CalendarWindow { limit, period } => {
+            p.limit = Some(limit);
+            p.window_ms = Some(period.max_ms());
+        }
         Algorithm::Concurrency { limit, lease_ms } => {
             p.limit = Some(limit);
             p.lease_ms = Some(lease_ms);
@@ -159,6 +163,13 @@ pub fn overlay(policy: &Policy, text: &ParamsText) -> Result<Algorithm, String> 
             .collect::<Vec<_>>()
             .join("; ")
     })?;
+    // A calendar window keeps its period unless the override gives a window of its own.
+    let a = match policy.algorithm {
+        Algorithm::CalendarWindow { period, .. } if text.window.is_none() => {
+            a.on_calendar(period).map_err(|e| e.to_string())?
+        }
+        _ => a,
+    };
     a.validate().map_err(|e| e.to_string())?;
     Ok(a)
 }

@@ -138,3 +138,70 @@ pub async fn concurrency_is_not_adjustable(store: Arc<dyn Store>, clock: ManualC
     }
     assert_eq!(h.one(&k, &cc, 0).await.remaining, 1);
 }
+
+/// µs of `y-m-d hh:mm:ss` UTC.
+fn utc(y: i64, m: u32, d: u32, hms: (u64, u64, u64)) -> u64 {
+    let days = sluice_core::algorithm::calendar::days_from_civil(y, m, d) as u64;
+    (days * 86_400 + hms.0 * 3600 + hms.1 * 60 + hms.2) * 1_000_000
+}
+
+/// A calendar-month window resets on the 1st at 00:00 UTC, after 31 days in January and 29 in
+/// February of a leap year, with the real time to the boundary as the reset.
+pub async fn calendar_month_resets_on_the_first(store: Arc<dyn Store>, clock: ManualClock) {
+    use sluice_core::algorithm::calendar::CalendarPeriod;
+    let h = Harness::new(store, clock);
+    let month = sluice_core::Algorithm::CalendarWindow {
+        limit: 10_000,
+        period: CalendarPeriod::Month,
+    };
+    let k = h.key("user:cal", "monthly");
+    const DAY: u64 = 86_400_000;
+    h.clock.set(utc(2024, 1, 31, (23, 59, 59)));
+    h.expect(&k, &month, 9000, (true, 1000, 0, 1000)).await;
+    h.expect(&k, &month, 1001, (false, 1000, 1000, 1000)).await;
+    h.clock.advance_ms(1000); // 2024-02-01T00:00:00Z
+    h.expect(&k, &month, 10_000, (true, 0, 0, 29 * DAY)).await;
+    h.clock.set(utc(2024, 2, 29, (23, 59, 59)));
+    h.expect(&k, &month, 1, (false, 0, 1000, 1000)).await;
+    // A refund and a charge land in the same calendar month.
+    let d = h
+        .store
+        .adjust(&k, &month, Adjustment::Refund(5))
+        .await
+        .unwrap();
+    assert_eq!((d.remaining, d.reset_after_ms), (5, 1000));
+    let d = h
+        .store
+        .adjust(&k, &month, Adjustment::Charge(2))
+        .await
+        .unwrap();
+    assert_eq!(d.remaining, 3);
+    h.clock.advance_ms(1000); // 2024-03-01T00:00:00Z
+    h.expect(&k, &month, 1, (true, 9999, 0, 31 * DAY)).await;
+}
+
+/// A calendar week runs Monday 00:00 UTC to Monday; a calendar day, midnight to midnight.
+pub async fn calendar_week_and_day_boundaries(store: Arc<dyn Store>, clock: ManualClock) {
+    use sluice_core::algorithm::calendar::CalendarPeriod;
+    let h = Harness::new(store, clock);
+    const DAY: u64 = 86_400_000;
+    let week = sluice_core::Algorithm::CalendarWindow {
+        limit: 2,
+        period: CalendarPeriod::Week,
+    };
+    let day = sluice_core::Algorithm::CalendarWindow {
+        limit: 2,
+        period: CalendarPeriod::Day,
+    };
+    let (kw, kd) = (h.key("user:cal", "weekly"), h.key("user:cal", "daily"));
+    // Wednesday 2025-12-31 12:00: the week began Monday the 29th, ends Monday 2026-01-05.
+    h.clock.set(utc(2025, 12, 31, (12, 0, 0)));
+    h.expect(&kw, &week, 2, (true, 0, 0, 4 * DAY + DAY / 2))
+        .await;
+    h.expect(&kd, &day, 2, (true, 0, 0, DAY / 2)).await;
+    h.clock.set(utc(2026, 1, 4, (23, 59, 59))); // Sunday
+    h.expect(&kw, &week, 1, (false, 0, 1000, 1000)).await;
+    h.expect(&kd, &day, 1, (true, 1, 0, 1000)).await;
+    h.clock.advance_ms(1000); // Monday 2026-01-05 00:00
+    h.expect(&kw, &week, 1, (true, 1, 0, 7 * DAY)).await;
+}

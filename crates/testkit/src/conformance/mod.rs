@@ -67,6 +67,8 @@ macro_rules! __conformance_cases {
             charge_goes_into_debt_and_refund_stops_at_capacity,
             settle_an_estimate_exactly,
             concurrency_is_not_adjustable,
+            calendar_month_resets_on_the_first,
+            calendar_week_and_day_boundaries,
         }
     };
 }
