@@ -214,6 +214,9 @@ pub(crate) struct PlannedItem {
     cost: u64,
     /// Whether the policy only counts (its own `shadow` flag, or the limiter's global one).
     pub(crate) shadow: bool,
+    /// Changed or answered by the control plane (override, allow list): the deny cache,
+    /// filled under other parameters, does not answer for it.
+    pub(crate) screened: bool,
 }
 
 impl PlannedItem {
@@ -357,6 +360,7 @@ impl Limiter {
                         let item = &mut planned[i];
                         if let Some(cache) = &inner.deny_cache
                             && !call.shadow
+                            && !item.screened
                             && inner.deny_mode.caches(&item.algorithm)
                         {
                             cache.record(&item.result.key, item.cost, sent, &d);
@@ -473,6 +477,7 @@ impl Limiter {
         let algorithm = policy.shard_algorithm();
         PlannedItem {
             shadow: inner.global_shadow || policy.shadow,
+            screened: false,
             result: LimitResult {
                 policy: Arc::clone(policy),
                 decision: None,
@@ -515,10 +520,7 @@ impl Limiter {
     fn denied_locally(&self, planned: &mut Vec<PlannedItem>) -> Option<Checked> {
         let inner = &*self.inner;
         let cache = inner.deny_cache.as_ref()?;
-        if planned
-            .iter()
-            .any(|item| item.shadow || item.result.decision.is_some())
-        {
+        if planned.iter().any(|item| item.shadow || item.screened) {
             return None;
         }
         let now = inner.now_us();

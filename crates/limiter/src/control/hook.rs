@@ -24,7 +24,9 @@ pub(crate) fn screen(
     let mut refused = false;
     for (item, &(identity, policy, _)) in planned.iter_mut().zip(items) {
         let quota = policy.algorithm.quota();
-        match control.screen(identity.as_str(), policy, now) {
+        let screen = control.screen(identity.as_str(), policy, now);
+        item.screened = screen != Screen::Pass;
+        match screen {
             Screen::Pass => {}
             Screen::Override(algorithm) => {
                 let mut p = (**policy).clone();
