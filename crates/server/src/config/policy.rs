@@ -11,7 +11,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use sluice::core::algorithm::{AlgorithmKind, Param, Params};
-use sluice::core::policy::parse_duration_ms;
+use sluice::core::policy::{CalendarPeriod, parse_duration_ms};
 use sluice::{Algorithm, FailureMode, LeakyMode, Policy, Rate};
 use toml::Spanned;
 
@@ -114,11 +114,14 @@ fn check_policy(
             .as_ref()
             .filter(|_| takes(Param::Limit))
             .map(|v| *v.get_ref()),
-        window_ms: r
-            .window
-            .as_ref()
-            .filter(|_| takes(Param::Window))
-            .map(|v| duration(ck, v, Param::Window)),
+        // A calendar window ("1 month") stands in as its longest length until the algorithm
+        // is built, then becomes its calendar form below.
+        window_ms: r.window.as_ref().filter(|_| takes(Param::Window)).map(|v| {
+            match CalendarPeriod::parse(v.get_ref()) {
+                Some(period) => period.max_ms(),
+                None => duration(ck, v, Param::Window),
+            }
+        }),
         mode: r.mode.as_ref().filter(|_| takes(Param::Mode)).map(|v| {
             v.get_ref().parse::<LeakyMode>().unwrap_or_else(|e| {
                 ck.at(v.span(), f("mode"), e.to_string());
@@ -139,6 +142,21 @@ fn check_policy(
             }
             None
         }
+    };
+    let calendar = r
+        .window
+        .as_ref()
+        .filter(|_| takes(Param::Window))
+        .and_then(|v| Some((CalendarPeriod::parse(v.get_ref())?, v.span())));
+    let algorithm = match (algorithm, calendar) {
+        (Some(a), Some((period, span))) => match a.on_calendar(period) {
+            Ok(a) => Some(a),
+            Err(e) => {
+                ck.at(span, f("window"), e.to_string());
+                None
+            }
+        },
+        (a, _) => a,
     };
     if ck.errors.len() == before
         && let Some(Err(e)) = algorithm.as_ref().map(Algorithm::validate)
