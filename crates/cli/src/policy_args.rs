@@ -3,7 +3,7 @@
 
 use clap::Args;
 use sluice_core::algorithm::{AlgorithmKind, Param, ParamError, Params};
-use sluice_core::policy::parse_duration_ms;
+use sluice_core::policy::{CalendarPeriod, parse_duration_ms};
 use sluice_core::{Algorithm, LeakyMode, Rate};
 
 /// Which algorithm and parameters, as command-line flags. The names, aliases and the
@@ -26,7 +26,8 @@ pub struct PolicyArgs {
     /// Limit per window, or concurrent leases (fixed-window, sliding-counter, sliding-log, concurrency).
     #[arg(long)]
     pub limit: Option<u64>,
-    /// Window such as 10s, 1m, 500ms (fixed-window, sliding-counter, sliding-log).
+    /// Window such as 10s, 1m, 500ms (fixed-window, sliding-counter, sliding-log), or a
+    /// calendar window "1 day", "1 week", "1 month" in UTC (fixed-window).
     #[arg(long)]
     pub window: Option<String>,
     /// Leaky bucket mode: policing (default) or shaping.
@@ -64,6 +65,7 @@ impl PolicyArgs {
                 .transpose()
                 .map_err(|e| e.to_string())
         };
+        let calendar = self.window.as_deref().and_then(CalendarPeriod::parse);
         let params = Params {
             capacity: self.capacity,
             rate: self
@@ -74,7 +76,11 @@ impl PolicyArgs {
                 .map_err(|e| e.to_string())?,
             burst: self.burst,
             limit: self.limit,
-            window_ms: duration(&self.window)?,
+            // A calendar window ("1 month") stands in as its longest length until built.
+            window_ms: match calendar {
+                Some(period) => Some(period.max_ms()),
+                None => duration(&self.window)?,
+            },
             mode: self
                 .mode
                 .as_deref()
@@ -87,6 +93,10 @@ impl PolicyArgs {
             ParamError::Needs { algorithm, param } => format!("{algorithm} needs --{param}"),
             e => e.to_string(),
         })?;
+        let alg = match calendar {
+            Some(period) => alg.on_calendar(period).map_err(|e| e.to_string())?,
+            None => alg,
+        };
         alg.validate().map_err(|e| e.to_string())?;
         Ok(alg)
     }
@@ -161,6 +171,18 @@ mod tests {
         assert_eq!(
             parse_spec("gcra:rate=1/s,capacity=4").unwrap_err(),
             "gcra takes no capacity (it takes rate, burst)"
+        );
+        assert_eq!(
+            parse_spec("fixed-window:limit=10000,window=1 month").unwrap(),
+            Algorithm::CalendarWindow {
+                limit: 10_000,
+                period: CalendarPeriod::Month
+            }
+        );
+        assert!(
+            parse_spec("sliding-log:limit=3,window=1 week")
+                .unwrap_err()
+                .contains("only for fixed-window")
         );
         assert_eq!(
             parse_spec("concurrency:limit=2").unwrap(),
