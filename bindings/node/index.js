@@ -60,6 +60,17 @@ function checkOptionNames(method, options) {
   return options;
 }
 
+/** Whether a policy's checks take leases (asked once per policy, then remembered). */
+const takesLeases = new WeakMap();
+function leasing(policy) {
+  let known = takesLeases.get(policy);
+  if (known === undefined) {
+    known = policy.algorithm === 'concurrency';
+    takesLeases.set(policy, known);
+  }
+  return known;
+}
+
 for (const [method, [algorithm]] of Object.entries(ALGORITHMS)) {
   Object.defineProperty(NativePolicy, method, {
     value: function (name, options) {
@@ -118,6 +129,8 @@ class Limiter {
     } catch (e) {
       return Promise.reject(e);
     }
+    // Only concurrency policies take leases; other results are passed on as they come.
+    if (!leasing(policy)) return pending;
     return pending.then((r) => (r.leaseToken ? withRelease(this.native, policy, r) : r));
   }
 
