@@ -294,7 +294,7 @@ pub async fn connect(url: &str, mut options: RedisOptions) -> Result<RedisStore,
             .await
             .map_err(|_| timeout_err())?
             .map_err(connect_err)?;
-        Conn::Single(c)
+        Conn::Single(c, Default::default())
     };
     let pad = options
         .ttl_pad_ms

@@ -78,3 +78,70 @@ async fn a_burst_on_a_healthy_server_is_decided_not_timed_out() {
     assert_eq!(tally.admitted, LIMIT, "{tally:?}");
     assert_eq!(tally.denied, BURST as u64 - LIMIT, "{tally:?}");
 }
+
+/// A process too busy to read its answers: the only worker thread stalls for longer than
+/// the timeout, again and again, while checks are in flight (what three `sluice serve`
+/// processes and their clients on two cores do to each other). The server answers every
+/// call within a millisecond, so no check may come back as a store timeout (which would
+/// fail open): each is decided, or refused as overload (denied).
+#[tokio::test(flavor = "current_thread")]
+async fn a_stalled_process_is_overloaded_not_a_store_timeout() {
+    let server = RedisServer::redis();
+    let store = Arc::new(
+        RedisStore::builder(server.url())
+            .timeout(Duration::from_millis(20))
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let algorithm = Algorithm::FixedWindow {
+        limit: LIMIT,
+        window_ms: 600_000,
+    };
+    // Warm up: the connection and the script are in place, the server has answered.
+    let key = "rl:{overload:stall}:p".to_string();
+    store
+        .check(&[CheckItem {
+            key: &key,
+            algorithm: &algorithm,
+            cost: 0,
+        }])
+        .await
+        .unwrap();
+    let mut tally = Tally::default();
+    for _round in 0..20 {
+        let mut tasks = Vec::new();
+        for _ in 0..50 {
+            let (store, key, algorithm) = (Arc::clone(&store), key.clone(), algorithm.clone());
+            tasks.push(tokio::spawn(async move {
+                store
+                    .check(&[CheckItem {
+                        key: &key,
+                        algorithm: &algorithm,
+                        cost: 1,
+                    }])
+                    .await
+            }));
+        }
+        // Let the calls go out, then stall the thread past their timeout.
+        tokio::task::yield_now().await;
+        tokio::task::yield_now().await;
+        std::thread::sleep(Duration::from_millis(60));
+        for t in tasks {
+            match t.await.expect("check task panicked") {
+                Ok(d) if d.allowed => tally.admitted += 1,
+                Ok(_) => tally.denied += 1,
+                Err(StoreError::Timeout(_)) => tally.timeouts += 1,
+                Err(StoreError::Overloaded(_)) => tally.overloaded += 1,
+                Err(e) => tally.other_errors.push(e),
+            }
+        }
+    }
+    eprintln!("{tally:?}");
+    assert!(tally.other_errors.is_empty(), "{:?}", tally.other_errors);
+    assert_eq!(
+        tally.timeouts, 0,
+        "a stalled process blamed the store: {tally:?}"
+    );
+    assert!(tally.admitted <= LIMIT, "{tally:?}");
+}

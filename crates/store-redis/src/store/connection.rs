@@ -14,15 +14,57 @@ use std::time::{Duration, Instant};
 
 #[derive(Clone)]
 pub(crate) enum Conn {
-    Single(ConnectionManager),
+    /// A standalone server, with the time of its latest answer.
+    Single(ConnectionManager, Arc<LastAnswer>),
     Cluster(ClusterConnection),
     Sentinel(Arc<SentinelConn>),
 }
 
+/// When one server last answered a call: a server that answered within a call's timeout is
+/// alive, so that call's timeout says this process was too busy to read its answer.
+#[derive(Debug, Default)]
+pub(crate) struct LastAnswer(std::sync::atomic::AtomicU64);
+
+/// Process-wide origin of [`LastAnswer`]'s milliseconds.
+fn epoch() -> Instant {
+    static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+impl LastAnswer {
+    fn note(&self) {
+        let ms = epoch().elapsed().as_millis() as u64 + 1;
+        self.0.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    fn within(&self, d: Duration) -> bool {
+        let last = self.0.load(Ordering::Relaxed);
+        last != 0
+            && (epoch().elapsed().as_millis() as u64 + 1).saturating_sub(last)
+                < d.as_millis() as u64
+    }
+}
+
 impl Conn {
+    /// Records that the server answered a call.
+    pub(crate) fn note_answer(&self) {
+        if let Conn::Single(_, last) = self {
+            last.note();
+        }
+    }
+
+    /// True when the server is known to have answered a call within `d`. Only a standalone
+    /// server can say: a Cluster's answers come from several nodes, one of which may be down.
+    pub(crate) fn answered_within(&self, d: Duration) -> bool {
+        match self {
+            Conn::Single(_, last) => last.within(d),
+            _ => false,
+        }
+    }
+
     pub(crate) async fn query(&self, cmd: &redis::Cmd) -> Result<Value, RedisError> {
         match self {
-            Conn::Single(c) => c.clone().req_packed_command(cmd).await,
+            Conn::Single(c, _) => c.clone().req_packed_command(cmd).await,
             Conn::Cluster(c) => c.clone().req_packed_command(cmd).await,
             Conn::Sentinel(s) => {
                 let r = s.current().req_packed_command(cmd).await;
