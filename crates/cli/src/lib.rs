@@ -4,6 +4,7 @@
 //! # Layout
 //! - [`policy_args`]: the per-algorithm flags (`--capacity --rate`, `--limit --window`, ...) shared
 //!   by `check`, `race` and `loadtest --expect`.
+//! - [`admin`]: `sluice admin`, the runtime-control calls of a running `sluice serve`.
 //! - [`check`]: N decisions on one key against any store.
 //! - [`race`]: the guide's race test — a naive GET-then-SET next to sluice.
 //! - [`loadtest`]: a constant-arrival-rate HTTP driver with the arithmetic's prediction beside
@@ -12,6 +13,7 @@
 //! - [`logging`]: which log filter applies (`SLUICE_LOG`, then `RUST_LOG`) and when to colour.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod check;
 pub mod keyslot;
 pub mod loadtest;

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use sluice_cli::{check, keyslot, loadtest, race};
+use sluice_cli::{admin, check, keyslot, loadtest, race};
 
 /// sluice: a distributed API rate limiter.
 #[derive(Debug, Parser)]
@@ -29,6 +29,8 @@ enum Command {
     Loadtest(loadtest::LoadtestArgs),
     /// The Redis Cluster slot of keys, or of the key sluice builds for an identity.
     Keyslot(keyslot::KeyslotArgs),
+    /// Drive a running `sluice serve`: state, reset, charge, refund, overrides, bans, lists.
+    Admin(admin::AdminArgs),
     /// Print the Lua scripts (and the Function library) with their KEYS/ARGV contracts.
     Scripts {
         /// Print only these scripts (token-bucket, gcra, leaky-bucket, fixed-window,
@@ -101,6 +103,7 @@ async fn run_async(command: Command) -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&e.to_string()),
         },
+        Command::Admin(args) => admin::run(&args, &mut out).await,
         Command::Check(args) => match check::run(&args, &mut out).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&e),

@@ -1,0 +1,180 @@
+//! `sluice admin` against a real `sluice serve` (both the built binary), over loopback.
+#![forbid(unsafe_code)]
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const CONFIG: &str = r#"
+admin_token = "adm1n"
+
+[policies.burst]
+algorithm = "token-bucket"
+capacity = 5
+rate = "1/h"
+
+[policies.monthly]
+algorithm = "fixed-window"
+limit = 10000
+window = "1 month"
+"#;
+
+/// A `sluice serve` child on a free loopback port, killed on drop.
+struct Serve {
+    child: Child,
+    url: String,
+    dir: std::path::PathBuf,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn serve() -> Serve {
+    let dir = std::env::temp_dir().join(format!(
+        "sluice-admin-cli-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("sluice.toml");
+    std::fs::write(&file, CONFIG).unwrap();
+    let port = free_port();
+    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("serve")
+        .arg("--config")
+        .arg(&file)
+        .args([
+            "--http",
+            &format!("127.0.0.1:{port}"),
+            "--grpc",
+            "127.0.0.1:0",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let s = Serve {
+        child,
+        url: format!("http://127.0.0.1:{port}"),
+        dir,
+    };
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "sluice serve did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    s
+}
+
+/// Runs `sluice admin ARGS` against `s` with `token`: exit code, parsed stdout, stderr.
+fn admin(s: &Serve, token: &str, args: &[&str]) -> (i32, Value, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("admin")
+        .args(args)
+        .env("SLUICE_URL", &s.url)
+        .env("SLUICE_ADMIN_TOKEN", token)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let v = serde_json::from_str(&stdout).unwrap_or(Value::Null);
+    (
+        out.status.code().unwrap_or(-1),
+        v,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn state_charge_refund_and_reset_through_a_running_server() {
+    let s = serve();
+    let who = ["--policy", "burst", "--identity", "user:1"];
+    let (code, v, err) = admin(&s, "adm1n", &[&["state", "get"][..], &who].concat());
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(
+        (v["limit"].as_u64(), v["remaining"].as_u64()),
+        (Some(5), Some(5)),
+        "{v}"
+    );
+    let (code, v, _) = admin(
+        &s,
+        "adm1n",
+        &[&["charge"][..], &who, &["--cost", "4"]].concat(),
+    );
+    assert_eq!((code, v["remaining"].as_u64()), (0, Some(1)), "{v}");
+    let (code, v, _) = admin(
+        &s,
+        "adm1n",
+        &[&["refund"][..], &who, &["--cost", "2"]].concat(),
+    );
+    assert_eq!((code, v["remaining"].as_u64()), (0, Some(3)), "{v}");
+    let (code, v, _) = admin(&s, "adm1n", &[&["state", "reset"][..], &who].concat());
+    assert_eq!((code, v["existed"].as_bool()), (0, Some(true)), "{v}");
+    let (_, v, _) = admin(&s, "adm1n", &[&["state", "get"][..], &who].concat());
+    assert_eq!(v["remaining"], 5);
+    // A calendar window through the CLI: the whole month's quota, charged and read back.
+    let month = ["--policy", "monthly", "--credential", "sk_test_1"];
+    let (_, v, _) = admin(
+        &s,
+        "adm1n",
+        &[&["charge"][..], &month, &["--cost", "2500"]].concat(),
+    );
+    assert_eq!(
+        (v["limit"].as_u64(), v["remaining"].as_u64()),
+        (Some(10_000), Some(7500)),
+        "{v}"
+    );
+}
+
+#[test]
+fn refusals_exit_non_zero_with_the_problem_detail() {
+    let s = serve();
+    let who = ["--policy", "burst", "--identity", "user:2"];
+    let (code, v, err) = admin(
+        &s,
+        "wrong",
+        &[&["refund"][..], &who, &["--cost", "1"]].concat(),
+    );
+    assert_eq!((code, v), (1, Value::Null));
+    assert!(err.contains("401") && err.contains("admin_token"), "{err}");
+    let (code, _, err) = admin(
+        &s,
+        "adm1n",
+        &["state", "get", "--policy", "nope", "--identity", "u"],
+    );
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("400") && err.contains("unknown policy \"nope\""),
+        "{err}"
+    );
+    // Nothing listening: exit 2, saying which URL.
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "admin",
+            "--url",
+            &format!("http://127.0.0.1:{}", free_port()),
+            "state",
+            "get",
+        ])
+        .args(who)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach"));
+}
