@@ -9,7 +9,8 @@
 //! 1. picks the [`Rule`] for the path and method (longest prefix wins); no rule, no limit;
 //! 2. derives the identity ([`crate::identity`]);
 //! 3. checks every policy of the rule at once with [`Limiter::check_many`] (all or nothing);
-//! 4. answers a denial itself (429, or the fail-closed status), or sleeps the shaping delay
+//! 4. answers a denial itself (429, the fail-closed status, 403 for an identity on the deny
+//!    list of the limiter's control plane), or sleeps the shaping delay
 //!    and calls the inner service, adding the RateLimit headers to its response.
 //!
 //! Concurrency policies hold a lease while the request runs. The lease sits in a
@@ -29,7 +30,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
-use sluice::{Identity, Lease, Limiter, Policy, Verdict};
+use sluice::{Checked, DenyReason, Identity, Lease, Limiter, Policy, Verdict};
 
 use crate::headers::{self, HeaderOptions};
 use crate::identity::{ClientIpConfig, IdentityResolver, IdentitySource, TrustedProxies};
@@ -425,6 +426,9 @@ where
                         .stats
                         .count(&shared.stats.failed_closed, "failed_closed");
                     headers::store_unavailable(&checked, shared.fail_closed_status)
+                } else if let Some(res) = control_refusal(&checked, &shared.headers) {
+                    shared.stats.count(&shared.stats.denied, "control_refused");
+                    res
                 } else {
                     shared.stats.count(&shared.stats.denied, "denied");
                     headers::too_many_requests(&checked, &shared.headers)
@@ -450,6 +454,39 @@ where
             Ok(res.map(|b| RateLimitBody::inner(b, guard)))
         })
     }
+}
+
+/// The answer to a check refused by the limiter's control plane: `403 Forbidden` for an
+/// identity on the deny list (waiting will not help, so no `Retry-After`), `429` with the
+/// ban's time left in `Retry-After` for a banned one. `None` for an ordinary denial.
+fn control_refusal(checked: &Checked, opts: &HeaderOptions) -> Option<Response<Bytes>> {
+    let refusal = checked
+        .denials()
+        .filter_map(|l| Some((l, l.decision.as_ref()?)))
+        .find(|(_, d)| matches!(d.reason, Some(DenyReason::Denied | DenyReason::Banned)))?;
+    let (limit, decision) = refusal;
+    if decision.reason == Some(DenyReason::Denied) {
+        let mut res = headers::problem(StatusCode::FORBIDDEN, "this client is on the deny list");
+        res.headers_mut().insert(
+            http::header::CACHE_CONTROL,
+            http::HeaderValue::from_static("no-store"),
+        );
+        return Some(res);
+    }
+    let mut res = headers::too_many_requests(checked, opts);
+    let wait = decision.retry_after_ms;
+    let detail = format!(
+        "banned from rate limit \"{}\" for {} s after repeated denials or by an operator",
+        limit.policy.name,
+        headers::retry_after_secs(wait)
+    );
+    *res.body_mut() = headers::problem_json(
+        StatusCode::TOO_MANY_REQUESTS,
+        &detail,
+        Some(&limit.policy.name),
+        Some(wait),
+    );
+    Some(res)
 }
 
 #[cfg(test)]
