@@ -362,3 +362,88 @@ async fn a_change_through_one_instance_is_obeyed_by_the_other_within_a_second() 
     a.stop().await;
     b.stop().await;
 }
+
+#[tokio::test]
+async fn the_proxy_answers_403_to_a_denied_client_and_429_to_a_banned_key() {
+    let up = {
+        let app = axum::Router::new().fallback(|| async { "upstream" });
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(l, app).await });
+        addr
+    };
+    let routes = format!(
+        r#"
+[policies.per-ip]
+algorithm = "fixed-window"
+limit = 100
+window = "1h"
+
+[policies.per-key]
+algorithm = "fixed-window"
+limit = 100
+window = "1h"
+identity = "api-key:x-api-key"
+
+[[routes]]
+prefix = "/ip"
+policies = ["per-ip"]
+upstream = "http://{up}"
+
+[[routes]]
+prefix = "/key"
+policies = ["per-key"]
+upstream = "http://{up}"
+"#
+    );
+    let s = start(&config(&routes)).await;
+    let c = client();
+    let get = |path: &'static str| {
+        let c = c.clone();
+        let url = s.proxy_url(path);
+        async move {
+            let res = c.get(url).header("x-api-key", "k1").send().await.unwrap();
+            let status = res.status().as_u16();
+            let retry = res
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().to_string());
+            (status, retry, res.text().await.unwrap())
+        }
+    };
+    assert_eq!(get("/ip/a").await.0, 200);
+    let (status, _) = call(
+        &s,
+        Method::POST,
+        "/v1/lists/deny",
+        json!({"entry": "127.0.0.1"}),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let (status, retry, body) = get("/ip/a").await;
+    assert_eq!((status, retry), (403, None), "{body}");
+    assert!(body.contains("deny list"), "{body}");
+    call(
+        &s,
+        Method::DELETE,
+        "/v1/lists/deny",
+        json!({"entry": "127.0.0.1"}),
+    )
+    .await;
+    assert_eq!(get("/ip/a").await.0, 200);
+
+    // A ban by credential reaches the bucket the proxy keys by that API key.
+    let (status, v) = call(
+        &s,
+        Method::POST,
+        "/v1/bans",
+        json!({"credential": "k1", "duration": "2m", "policies": ["per-key"]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let (status, retry, body) = get("/key/a").await;
+    assert_eq!((status, retry.as_deref()), (429, Some("120")), "{body}");
+    assert!(body.contains("banned"), "{body}");
+    assert_eq!(get("/ip/a").await.0, 200, "the ban is scoped to per-key");
+    s.stop().await;
+}
