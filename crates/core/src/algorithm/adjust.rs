@@ -158,32 +158,11 @@ pub fn adjust(
                 }
             }
         }
-        Algorithm::FixedWindow { .. } | Algorithm::CalendarWindow { .. } => {
-            let s = match state {
-                Some(State::FixedWindow(s)) => Some(s),
-                _ => None,
-            };
-            let now_ms = fixed_window::window_now(s, now);
-            let (start, end) = match *algorithm {
-                Algorithm::CalendarWindow { period, .. } => period.bounds(now_ms),
-                Algorithm::FixedWindow { window_ms, .. } => {
-                    fixed_window::epoch_bounds(window_ms, now_ms)
-                }
-                _ => unreachable!("matched above"),
-            };
-            let count = s.filter(|s| s.window_start == start).map_or(0, |s| s.count);
-            let count = moved_count(count, cost, charge);
-            if count == 0 {
-                Update::Delete
-            } else {
-                Update::Put {
-                    state: State::FixedWindow(fixed_window::State {
-                        window_start: start,
-                        count,
-                    }),
-                    expires_at: end * 1000,
-                }
-            }
+        Algorithm::FixedWindow { window_ms, .. } => moved_window(state, now, cost, charge, |t| {
+            fixed_window::epoch_bounds(window_ms, t)
+        }),
+        Algorithm::CalendarWindow { period, .. } => {
+            moved_window(state, now, cost, charge, |t| period.bounds(t))
         }
         Algorithm::SlidingWindowCounter { window_ms: w, .. } => {
             let s = match state {
@@ -277,6 +256,32 @@ fn token_bucket_level(s: Option<&token_bucket::State>, full: u64, r: u64, now_ms
                 s.tokens + elapsed * r
             }
         }
+    }
+}
+
+/// A fixed (or calendar) window's update: the count of the window `bounds(now_ms)` moved.
+fn moved_window(
+    state: Option<&State>,
+    now: Timestamp,
+    cost: u64,
+    charge: bool,
+    bounds: impl Fn(u64) -> (u64, u64),
+) -> Update<State> {
+    let s = match state {
+        Some(State::FixedWindow(s)) => Some(s),
+        _ => None,
+    };
+    let (start, end) = bounds(fixed_window::window_now(s, now));
+    let count = s.filter(|s| s.window_start == start).map_or(0, |s| s.count);
+    match moved_count(count, cost, charge) {
+        0 => Update::Delete,
+        count => Update::Put {
+            state: State::FixedWindow(fixed_window::State {
+                window_start: start,
+                count,
+            }),
+            expires_at: end * 1000,
+        },
     }
 }
 
