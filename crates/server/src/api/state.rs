@@ -113,8 +113,8 @@ fn parse_target(rt: &Runtime, op: Op, mut m: Map<String, Value>) -> Result<Targe
     })
 }
 
-/// Whether the request carries the token `op` needs; `Err` is the refusal.
-fn authorize(rt: &Runtime, op: Op, req: &Request) -> Result<(), Response> {
+/// The refusal of a request without the token `op` needs; `None` when it may proceed.
+fn refusal(rt: &Runtime, op: Op, req: &Request) -> Option<Response> {
     let api = rt.config.server.api_token.as_deref();
     let (token, name) = match (op, rt.config.admin_token.as_deref()) {
         (Op::Read, _) => (api, "api_token"),
@@ -122,10 +122,10 @@ fn authorize(rt: &Runtime, op: Op, req: &Request) -> Result<(), Response> {
         (_, None) => (api, "api_token"),
     };
     if bearer_allows(req.headers(), token) {
-        Ok(())
+        None
     } else {
         count(op.name(), StatusCode::UNAUTHORIZED);
-        Err(unauthorized(name))
+        Some(unauthorized(name))
     }
 }
 
@@ -157,8 +157,8 @@ fn store_failure(op: Op, e: &StoreError) -> Response {
 
 async fn handle(shared: Shared, op: Op, req: Request) -> Response {
     let rt = shared.runtime();
-    if let Err(refusal) = authorize(&rt, op, &req) {
-        return refusal;
+    if let Some(refused) = refusal(&rt, op, &req) {
+        return refused;
     }
     let peer = req
         .extensions()

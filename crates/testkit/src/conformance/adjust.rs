@@ -31,6 +31,9 @@ pub async fn reset_restores_the_limit(store: Arc<dyn Store>, clock: ManualClock)
     }
 }
 
+/// `(remaining, reset_after_ms, allowed)` after one charge or refund.
+type Step = (u64, u64, bool);
+
 /// Charge 5 against a quota of 3, refund 3, then refund far more than was charged:
 /// `(remaining, reset_after_ms, allowed)` after each step, per algorithm.
 pub async fn charge_goes_into_debt_and_refund_stops_at_capacity(
@@ -40,7 +43,7 @@ pub async fn charge_goes_into_debt_and_refund_stops_at_capacity(
     let h = Harness::new(store, clock);
     align(&h.clock, 10_000);
     // Every quota is 3, every rate 1/s, every window 10 s (see `all_algorithms`).
-    let want: &[(&str, [(u64, u64, bool); 3])] = &[
+    let want: &[(&str, [Step; 3])] = &[
         // Empty at 0 (no negative tokens), so the refund of 3 fills it again.
         ("tb", [(0, 3000, true), (3, 0, true), (3, 0, true)]),
         // TAT 5 s ahead with a tolerance of 3 s; the refund takes it to 2 s.
