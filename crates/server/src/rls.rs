@@ -9,6 +9,9 @@
 //! same `sluice_http::headers` logic as every HTTP answer (a sharded policy shown whole,
 //! `Retry-After` only where retrying can cure the denial).
 //!
+//! A check refused by the limiter's control plane (a ban, the deny list) is `OVER_LIMIT`
+//! with an `X-Sluice-Reason: banned|denied` header.
+//!
 //! When the store does not answer the call fails with `UNAVAILABLE` instead of guessing:
 //! Envoy's own `failure_mode_deny` then decides, which is where that choice belongs for
 //! traffic behind Envoy.
@@ -23,7 +26,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice::core::{Clock, SystemClock};
-use sluice::{Decision, Verdict};
+use sluice::{Decision, DenyReason, Verdict};
 use sluice_http::headers::{HeaderOptions, Shown, display_header_name, rate_limit_headers};
 use tonic::{Request, Response, Status};
 
@@ -157,6 +160,18 @@ impl<'p> DescriptorItem<'p> {
     }
 }
 
+/// `denied` (deny list) or `banned` when an enforced denial of the check came from the
+/// limiter's control plane.
+fn control_reason(checked: &sluice::Checked) -> Option<&'static str> {
+    checked
+        .denials()
+        .find_map(|l| match l.decision.as_ref()?.reason? {
+            DenyReason::Denied => Some("denied"),
+            DenyReason::Banned => Some("banned"),
+            _ => None,
+        })
+}
+
 #[tonic::async_trait]
 impl RateLimitService for RlsService {
     async fn should_rate_limit(
@@ -253,6 +268,15 @@ impl RateLimitService for RlsService {
                     raw_value: Vec::new(),
                 });
             }
+        }
+        // A refusal of the control plane says which, so Envoy's access logs and the client
+        // can tell a ban or the deny list from a used-up limit.
+        if let Some(reason) = checked.as_ref().and_then(control_reason) {
+            headers.push(EnvoyHeader {
+                key: "X-Sluice-Reason".to_string(),
+                value: reason.to_string(),
+                raw_value: Vec::new(),
+            });
         }
         let overall = if over { Code::OverLimit } else { Code::Ok };
         metrics::counter!("sluice_rls_requests_total", "domain" => domain_label, "code" => if over { "over_limit" } else { "ok" })

@@ -79,9 +79,13 @@ where
         .clone()
         .max_by_key(|s| s.decision.retry_after_ms)
         .or_else(|| shown.min_by_key(Shown::remaining));
-    let curable = denials
-        .clone()
-        .any(|s| s.decision.reason != Some(DenyReason::CostExceedsLimit));
+    // A cost above the quota and the deny list are never cured by waiting.
+    let curable = denials.clone().any(|s| {
+        !matches!(
+            s.decision.reason,
+            Some(DenyReason::CostExceedsLimit | DenyReason::Denied)
+        )
+    });
     let retry_after_ms = curable.then(|| {
         denials
             .map(|s| s.decision.retry_after_ms)

@@ -72,8 +72,15 @@ impl ListEntry {
     }
 }
 
-/// The address or network an identity names, if it names one.
+/// The address or network an identity names, if it names one: a client-IP identity, a raw
+/// address or network, or an Envoy descriptor identity with a `remote_address` entry
+/// (`envoy:DOMAIN:remote_address=10.0.0.1`, its `:` escaped as `%3A`).
 fn ip_of(identity: &str) -> Option<IpNet> {
+    if identity.starts_with("envoy:") {
+        let (_, rest) = identity.rsplit_once("remote_address=")?;
+        let value = rest.split('/').next()?.replace("%3A", ":");
+        return ip_of(&value);
+    }
     let bare = identity
         .strip_prefix("ip:")
         .or_else(|| identity.strip_prefix("ip6:"))
@@ -293,6 +300,11 @@ mod tests {
         assert!(deny.contains("user:mallory", 1_999));
         assert!(!deny.contains("user:mallory", 2_000), "expired");
         assert!(!deny.contains("hdr:203.0.113.7", 1_000));
+        assert!(deny.contains("envoy:edge:remote_address=203.0.113.8", 1_000));
+        assert!(deny.contains("envoy:edge:path=%2Fa/remote_address=203.0.113.8", 1_000));
+        assert!(!deny.contains("envoy:edge:user=203.0.113.8", 1_000));
+        deny.insert(&ListEntry::parse("2001:db8::/32").unwrap(), None);
+        assert!(deny.contains("envoy:edge:remote_address=2001%3Adb8%3A%3A1", 1_000));
     }
 
     #[test]
