@@ -22,10 +22,7 @@ window = "1 week"
 "#;
 
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
+    sluice::core::Clock::now(&sluice::core::SystemClock) / 1000
 }
 
 #[tokio::test]
