@@ -96,12 +96,60 @@ function withRelease(native, policy, result) {
   return result;
 }
 
+const noop = () => {};
+
+/**
+ * The checks of one limiter that are in flight: their resolve functions by id. Results come
+ * back from the addon in batches (one wake-up of the event loop for all the checks that
+ * finished meanwhile). The addon's delivery is weak, so while checks are pending a timer
+ * keeps the process alive, as pending I/O would.
+ */
+class InFlight {
+  constructor() {
+    this.resolvers = new Map();
+    this.nextId = 0;
+    this.keepAlive = null;
+    this.deliver = (batch) => {
+      for (let i = 0; i < batch.length; i++) {
+        const { id, result } = batch[i];
+        const resolve = this.resolvers.get(id);
+        if (resolve === undefined) continue;
+        this.resolvers.delete(id);
+        resolve(result);
+      }
+      if (this.resolvers.size === 0 && this.keepAlive !== null) {
+        clearInterval(this.keepAlive);
+        this.keepAlive = null;
+      }
+    };
+  }
+
+  /** An id for a new check, and a Promise settled when `deliver` gets its result. */
+  add(start) {
+    return new Promise((resolve, reject) => {
+      const id = (this.nextId = (this.nextId + 1) >>> 0);
+      try {
+        start(id);
+      } catch (e) {
+        reject(e);
+        return;
+      }
+      this.resolvers.set(id, resolve);
+      if (this.keepAlive === null) this.keepAlive = setInterval(noop, 1 << 30);
+    });
+  }
+}
+
 /** A rate limiter on one store: `await Limiter.connect(url, options)`. */
 class Limiter {
   /** @param {object} inner the addon's limiter; use `Limiter.connect`. */
   constructor(inner) {
     if (!(inner instanceof NativeLimiter)) throw invalidArg('use `await Limiter.connect(url)`');
     this.native = inner;
+    // The delivery function holds the in-flight table only, never this object, so a limiter
+    // nobody references is collected with its connection.
+    this.inFlight = new InFlight();
+    inner.deliverTo(this.inFlight.deliver);
   }
 
   /** Connects to `memory` (default), `redis://`, `rediss://` or `redis+cluster://`. */
@@ -123,12 +171,8 @@ class Limiter {
     if (!(policy instanceof NativePolicy)) {
       return Promise.reject(invalidArg('check: the first argument must be a Policy'));
     }
-    let pending;
-    try {
-      pending = this.native.check(policy, identity ?? undefined, options);
-    } catch (e) {
-      return Promise.reject(e);
-    }
+    const native = this.native;
+    const pending = this.inFlight.add((id) => native.submit(id, policy, identity ?? undefined, options));
     // Only concurrency policies take leases; other results are passed on as they come.
     if (!leasing(policy)) return pending;
     return pending.then((r) => (r.leaseToken ? withRelease(this.native, policy, r) : r));

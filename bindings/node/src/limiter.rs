@@ -8,8 +8,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use napi::Env;
-use napi::bindgen_prelude::{Either, PromiseRaw};
+use napi::bindgen_prelude::{Either, Function, PromiseRaw, Unknown};
+use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
+use napi::{Env, Status};
 use napi_derive::napi;
 use sluice::core::key::{MAX_IDENTITY_LEN, default_hash_key};
 use sluice::{Identity, LeaseToken, StoreOptions};
@@ -99,6 +100,47 @@ fn identity_of(
     }
 }
 
+/// One finished check on its way back to JS: the id `submit` was given and the result.
+#[napi(object)]
+#[derive(Debug, Clone)]
+pub struct Completion {
+    pub id: u32,
+    pub result: CheckResult,
+}
+
+/// The JS function that receives batches of completions; weak, so it never keeps the
+/// process alive by itself (`index.js` holds a timer while checks are pending).
+type Deliver = ThreadsafeFunction<(), Unknown<'static>, Vec<Completion>, Status, false, true, 0>;
+
+/// Finished checks waiting for the JS thread. Results are queued and the JS thread is woken
+/// once per batch, not once per check: with many checks in flight one wake-up delivers all
+/// the results that finished meanwhile, which is where a per-call Promise spends its time.
+struct Outbox {
+    queue: Arc<std::sync::Mutex<Vec<Completion>>>,
+    deliver: Deliver,
+}
+
+impl std::fmt::Debug for Outbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Outbox").finish_non_exhaustive()
+    }
+}
+
+impl Outbox {
+    fn push(&self, completion: Completion) {
+        let first = {
+            let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+            queue.push(completion);
+            queue.len() == 1
+        };
+        // A non-empty queue already has a delivery on its way, which takes everything.
+        if first {
+            self.deliver
+                .call((), ThreadsafeFunctionCallMode::NonBlocking);
+        }
+    }
+}
+
 /// A rate limiter on one store.
 #[napi]
 #[derive(Debug, Clone)]
@@ -106,6 +148,7 @@ pub struct Limiter {
     pub(crate) limiter: sluice::Limiter,
     pub(crate) hash_key: [u8; 32],
     pub(crate) headers: HeaderOptions,
+    outbox: Option<Arc<Outbox>>,
 }
 
 #[napi]
@@ -150,6 +193,7 @@ impl Limiter {
                 limiter,
                 hash_key,
                 headers,
+                outbox: None,
             })
         })
     }
@@ -178,6 +222,62 @@ impl Limiter {
             let checked = limiter.check(&identity, &policy, cost).await;
             Ok(CheckResult::of(&checked, &headers))
         })
+    }
+
+    /// Sets the function that receives finished `submit` checks, as arrays of
+    /// `{ id, result }`, several at once when several finished meanwhile.
+    #[napi(ts_args_type = "deliver: (batch: Completion[]) => void")]
+    pub fn deliver_to(
+        &mut self,
+        deliver: Function<'_, Vec<Completion>, Unknown<'static>>,
+    ) -> napi::Result<()> {
+        let queue: Arc<std::sync::Mutex<Vec<Completion>>> = Arc::default();
+        let drained = Arc::clone(&queue);
+        let deliver = deliver
+            .build_threadsafe_function::<()>()
+            .weak::<true>()
+            .callee_handled::<false>()
+            .build_callback(move |_| {
+                Ok(std::mem::take(
+                    &mut *drained.lock().unwrap_or_else(|e| e.into_inner()),
+                ))
+            })?;
+        self.outbox = Some(Arc::new(Outbox { queue, deliver }));
+        Ok(())
+    }
+
+    /// `check` without a Promise per call: the result comes back through `deliverTo`'s
+    /// function under `id`. Bad input throws here, synchronously.
+    #[napi]
+    pub fn submit(
+        &self,
+        id: u32,
+        policy: &Policy,
+        identity: Option<String>,
+        options: Option<CheckOptions>,
+    ) -> napi::Result<()> {
+        let outbox = self
+            .outbox
+            .clone()
+            .ok_or_else(|| invalid("submit needs deliverTo first"))?;
+        let o = options.unwrap_or_default();
+        let cost = o.cost.map(|c| whole(c, "cost")).transpose()?.unwrap_or(1);
+        let credential = o.credential.as_ref().map(|c| match c {
+            Either::A(text) => text.as_bytes(),
+            Either::B(buf) => buf.as_ref(),
+        });
+        let identity = identity_of(identity, credential, &self.hash_key)?;
+        let limiter = self.limiter.clone();
+        let policy = Arc::clone(&policy.inner);
+        let headers = self.headers;
+        napi::bindgen_prelude::spawn(async move {
+            let checked = limiter.check(&identity, &policy, cost).await;
+            outbox.push(Completion {
+                id,
+                result: CheckResult::of(&checked, &headers),
+            });
+        });
+        Ok(())
     }
 
     /// Gives back the concurrency leases of a check's `leaseToken`, taken under `policy`; a
