@@ -241,3 +241,19 @@ test('with Redis stopped, open policies admit and closed ones deny, quickly', as
     assert.deepEqual(b.headers, { 'Retry-After': '1' });
   }
 });
+
+test('a pending check keeps the process alive, and a finished one lets it exit', () => {
+  const { spawnSync } = require('node:child_process');
+  const script = `
+    const { Limiter, Policy } = require('sluice');
+    (async () => {
+      const limiter = await Limiter.connect(${JSON.stringify(redis.url)}, { timeoutMs: 2000 });
+      const d = await limiter.check(Policy.fixedWindow('alive', { limit: 5, window: '1m' }), 'user:alive');
+      console.log(JSON.stringify([d.allowed, d.remaining]));
+    })();`;
+  const started = Date.now();
+  const run = spawnSync(process.execPath, ['-e', script], { encoding: 'utf8', timeout: 20_000, env: process.env });
+  assert.equal(run.status, 0, run.stderr);
+  assert.equal(run.stdout.trim(), '[true,4]', 'the result arrived before the process ended');
+  assert.ok(Date.now() - started < 10_000, 'and the process ended by itself');
+});
