@@ -178,3 +178,53 @@ fn refusals_exit_non_zero_with_the_problem_detail() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("cannot reach"));
 }
+
+#[test]
+fn check_takes_a_calendar_window() {
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args([
+            "check",
+            "--algorithm",
+            "fixed-window",
+            "--limit",
+            "2",
+            "--window",
+            "1 week",
+            "--count",
+            "3",
+            "--json",
+            "user:cal",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let allowed: Vec<bool> = lines
+        .iter()
+        .map(|l| l["allowed"].as_bool().unwrap())
+        .collect();
+    assert_eq!(allowed, [true, true, false]);
+    // The denial waits for Monday 00:00 UTC: at most a week, and as long as the reset.
+    let (retry, reset) = (
+        lines[2]["retry_after_ms"].as_u64().unwrap(),
+        lines[2]["reset_after_ms"].as_u64().unwrap(),
+    );
+    assert!(
+        retry > 0 && retry <= 7 * 86_400_000 && retry == reset,
+        "{}",
+        lines[2]
+    );
+    let now_ms = sluice_core::Clock::now(&sluice_core::SystemClock) / 1000;
+    let monday = sluice_core::policy::CalendarPeriod::Week.bounds(now_ms).1;
+    assert!(
+        monday.abs_diff(now_ms + retry) < 5_000,
+        "retry {retry} vs next Monday"
+    );
+}
