@@ -2,6 +2,7 @@
 //! heads. The figures say how many connections the server keeps, whether its health and
 //! decision endpoints still answer meanwhile, and how much memory the heads pin.
 
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -18,6 +19,10 @@ const POLICY: &str =
     "\n[policies.burst]\nalgorithm = \"token-bucket\"\ncapacity = 10\nrate = \"5/s\"\n";
 const CHECK: &str = r#"{"policy":"burst","identity":"probe"}"#;
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+/// Loopback source addresses (127.0.0.2 upwards) that a many-client attack is spread over, so
+/// each stays below the per-client-IP connection cap (256 by default) and the attack reaches
+/// the limit it is about; the probes come from 127.0.0.1.
+const SOURCES: usize = 40;
 
 async fn start(a: &Args, launch: &Launch) -> Result<Sluice, String> {
     let (server, http, grpc) = harness::server_section();
@@ -42,8 +47,9 @@ async fn check_answers(s: &Sluice) -> bool {
 
 /// Opens a connection, sends `GET` and one header line, then one more header line every
 /// 5 s, never finishing the head. Returns whether the server still holds it at `end`.
-async fn slow_client(addr: std::net::SocketAddr, end: Instant) -> bool {
-    let Ok(Ok(mut s)) = tokio::time::timeout(PROBE_TIMEOUT, TcpStream::connect(addr)).await else {
+async fn slow_client(from: IpAddr, addr: std::net::SocketAddr, end: Instant) -> bool {
+    let connect = harness::connect_from(Some(from), addr);
+    let Ok(Ok(mut s)) = tokio::time::timeout(PROBE_TIMEOUT, connect).await else {
         return false;
     };
     if s.write_all(b"GET /healthz HTTP/1.1\r\nhost: sluice\r\n")
@@ -70,7 +76,9 @@ async fn slow_client(addr: std::net::SocketAddr, end: Instant) -> bool {
     }
 }
 
-/// 2,000 slowloris connections for 40 s: how many are still open, and does `/healthz` answer.
+/// 2,000 slowloris connections for 40 s, spread over 40 source addresses so the per-client
+/// cap does not hide what the header-read timeout does: how many are still open, and does
+/// `/healthz` answer (from 127.0.0.1).
 pub(crate) async fn slowloris(a: &Args) -> Outcome {
     let (conns, hold) = if a.quick { (200, 5) } else { (2_000, 40) };
     let mut out = Outcome::new("slowloris", format!("{conns} connections, {hold} s"));
@@ -84,11 +92,12 @@ pub(crate) async fn slowloris(a: &Args) -> Outcome {
     let end = Instant::now() + Duration::from_secs(hold);
     let gate = Arc::new(tokio::sync::Semaphore::new(100));
     let mut tasks = Vec::with_capacity(conns);
-    for _ in 0..conns {
+    for i in 0..conns {
         let (addr, gate) = (s.http, Arc::clone(&gate));
+        let from = harness::attacker_ip(i % SOURCES);
         tasks.push(tokio::spawn(async move {
             let permit = gate.acquire_owned().await;
-            let client = slow_client(addr, end);
+            let client = slow_client(from, addr, end);
             drop(permit);
             client.await
         }));
@@ -106,11 +115,79 @@ pub(crate) async fn slowloris(a: &Args) -> Outcome {
     out
 }
 
-/// Under a descriptor limit, one client holding more idle sockets than the limit: do
-/// `/healthz`, `/v1/check` and the gRPC port still answer?
+/// Opens `idle` idle sockets to `addr`, spread round-robin over the first `sources` attacker
+/// addresses, and holds them; returns the ones that connected.
+async fn hold_idle(addr: std::net::SocketAddr, idle: usize, sources: usize) -> Vec<TcpStream> {
+    let held = Arc::new(Mutex::new(Vec::with_capacity(idle)));
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..32 {
+        let (held, next) = (Arc::clone(&held), Arc::clone(&next));
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed) as usize;
+                if i >= idle {
+                    break;
+                }
+                let from = Some(harness::attacker_ip(i % sources));
+                let c =
+                    tokio::time::timeout(Duration::from_secs(1), harness::connect_from(from, addr))
+                        .await;
+                if let Ok(Ok(stream)) = c {
+                    held.lock().push(stream);
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    std::mem::take(&mut *held.lock())
+}
+
+/// Holds `idle` sockets from `sources` attacker addresses, then probes from 127.0.0.1; records
+/// the figures under `prefix`.
+async fn idle_phase(s: &Sluice, out: &mut Outcome, prefix: &str, idle: usize, sources: usize) {
+    let held = hold_idle(s.http, idle, sources).await;
+    out.set(&format!("{prefix}sockets_connected"), held.len() as u64);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Each held socket is open, or was closed by the server (EOF or reset); a non-blocking
+    // peek on the raw socket tells which without waiting.
+    let sockets: Vec<std::net::TcpStream> =
+        held.into_iter().filter_map(|t| t.into_std().ok()).collect();
+    let kept = sockets
+        .iter()
+        .filter(|c| {
+            let mut b = [0u8; 1];
+            matches!(c.peek(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+        })
+        .count();
+    out.set(&format!("{prefix}sockets_kept_open_by_server"), kept as u64);
+    out.set(&format!("{prefix}healthz_ms"), healthz_ms(s).await);
+    out.set(&format!("{prefix}check_answers"), check_answers(s).await);
+    out.set(
+        &format!("{prefix}grpc_answers"),
+        harness::grpc_answers(s.grpc, PROBE_TIMEOUT).await,
+    );
+    drop(sockets);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    out.set(
+        &format!("{prefix}healthz_ms_after_release"),
+        healthz_ms(s).await,
+    );
+}
+
+/// Under a descriptor limit, one client (from 127.0.0.2) holding more idle sockets than the
+/// limit: do `/healthz`, `/v1/check` and the gRPC port still answer other clients (probes from
+/// 127.0.0.1), and how many of the attacker's sockets does the server keep open? Then the same
+/// sockets from 5 addresses (below the per-client cap each), against the global cap and its
+/// reserve (figures prefixed `spread_`).
 pub(crate) async fn descriptors(a: &Args) -> Outcome {
     let (limit, idle) = if a.quick { (256, 300) } else { (1_024, 1_100) };
-    let mut out = Outcome::new("descriptors", format!("{idle} idle sockets, limit {limit}"));
+    let mut out = Outcome::new(
+        "descriptors",
+        format!("{idle} idle sockets from 127.0.0.2, then from 5 addresses; limit {limit}"),
+    );
     let launch = Launch {
         nofile: Some(limit),
         ..Launch::default()
@@ -122,41 +199,15 @@ pub(crate) async fn descriptors(a: &Args) -> Outcome {
             return out;
         }
     };
-    let held = Arc::new(Mutex::new(Vec::with_capacity(idle)));
-    let next = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..32 {
-        let (held, next, addr) = (Arc::clone(&held), Arc::clone(&next), s.http);
-        tasks.push(tokio::spawn(async move {
-            while next.fetch_add(1, Ordering::Relaxed) < idle as u64 {
-                let c =
-                    tokio::time::timeout(Duration::from_secs(1), TcpStream::connect(addr)).await;
-                if let Ok(Ok(stream)) = c {
-                    held.lock().push(stream);
-                }
-            }
-        }));
-    }
-    for t in tasks {
-        let _ = t.await;
-    }
-    out.set("sockets_held", held.lock().len() as u64);
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    out.set("healthz_ms", healthz_ms(&s).await);
-    out.set("check_answers", check_answers(&s).await);
-    out.set(
-        "grpc_answers",
-        harness::grpc_answers(s.grpc, PROBE_TIMEOUT).await,
-    );
-    held.lock().clear();
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    out.set("healthz_ms_after_release", healthz_ms(&s).await);
+    idle_phase(&s, &mut out, "", idle, 1).await;
+    idle_phase(&s, &mut out, "spread_", idle, 5).await;
     out.set("server_running", s.is_running());
     out
 }
 
-/// Thousands of unfinished 380 KB request heads: peak server RSS, and RSS after the client
-/// has gone.
+/// Thousands of unfinished 380 KB request heads from 40 source addresses (so the per-client cap
+/// does not refuse them before the head-size limit is reached): peak server RSS, and RSS after
+/// the clients have gone.
 pub(crate) async fn big_heads(a: &Args) -> Outcome {
     let (count, kb) = if a.quick {
         (200usize, 380usize)
@@ -206,18 +257,23 @@ pub(crate) async fn big_heads(a: &Args) -> Outcome {
     let next = Arc::new(AtomicU64::new(0));
     let t = Instant::now();
     let mut tasks = Vec::new();
+    let sources = Arc::new(AtomicU64::new(0));
     for _ in 0..64 {
-        let (held, refused, next, head, addr) = (
+        let (held, refused, next, head, addr, sources) = (
             Arc::clone(&held),
             Arc::clone(&refused),
             Arc::clone(&next),
             Arc::clone(&head),
             s.http,
+            Arc::clone(&sources),
         );
         tasks.push(tokio::spawn(async move {
             while next.fetch_add(1, Ordering::Relaxed) < count as u64 && Instant::now() < deadline {
+                let from = harness::attacker_ip(
+                    sources.fetch_add(1, Ordering::Relaxed) as usize % SOURCES,
+                );
                 let sent = tokio::time::timeout(Duration::from_secs(10), async {
-                    let mut c = TcpStream::connect(addr).await?;
+                    let mut c = harness::connect_from(Some(from), addr).await?;
                     c.write_all(&head).await?;
                     Ok::<TcpStream, std::io::Error>(c)
                 })

@@ -3,13 +3,13 @@
 //! memory, and a small raw HTTP/1.1 client that can pipeline, so a flood of a million checks
 //! is limited by the server and not by the client.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 /// A free loopback port (bound, then released; the OS rarely hands it out again at once).
 pub(crate) fn free_port() -> u16 {
@@ -192,6 +192,31 @@ fn proc_status_mb(pid: u32, field: &str) -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
+/// Connects to `addr` from the source address `from` (port chosen by the kernel), or from the
+/// kernel's choice when `None`. All of 127.0.0.0/8 is loopback on Linux, so an attack can come
+/// from 127.0.0.2 while the probes come from 127.0.0.1: the server tells them apart exactly as
+/// it would tell one abusive client from everyone else.
+pub(crate) async fn connect_from(
+    from: Option<IpAddr>,
+    addr: SocketAddr,
+) -> std::io::Result<TcpStream> {
+    let Some(ip) = from else {
+        return TcpStream::connect(addr).await;
+    };
+    let socket = match ip {
+        IpAddr::V4(_) => TcpSocket::new_v4()?,
+        IpAddr::V6(_) => TcpSocket::new_v6()?,
+    };
+    socket.bind(SocketAddr::new(ip, 0))?;
+    socket.connect(addr).await
+}
+
+/// The `n`th of the attack's loopback source addresses, 127.0.0.2 upwards (`n` < 250).
+pub(crate) fn attacker_ip(n: usize) -> IpAddr {
+    assert!(n < 250, "loopback source addresses run out at 127.0.0.251");
+    IpAddr::from([127, 0, 0, 2 + n as u8])
+}
+
 /// One HTTP answer.
 #[derive(Debug, Clone)]
 pub(crate) struct Answer {
@@ -236,7 +261,17 @@ pub(crate) struct Conn {
 
 impl Conn {
     pub(crate) async fn open(addr: SocketAddr, timeout: Duration) -> std::io::Result<Conn> {
-        let stream = tokio::time::timeout(timeout, TcpStream::connect(addr))
+        Self::open_from(None, addr, timeout).await
+    }
+
+    /// Opens a connection from the loopback source address `from` (`None`: the kernel's choice,
+    /// 127.0.0.1 for a loopback target).
+    pub(crate) async fn open_from(
+        from: Option<IpAddr>,
+        addr: SocketAddr,
+        timeout: Duration,
+    ) -> std::io::Result<Conn> {
+        let stream = tokio::time::timeout(timeout, connect_from(from, addr))
             .await
             .map_err(|_| {
                 std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")

@@ -19,8 +19,28 @@ fn redis() -> RedisServer {
     RedisServer::redis()
 }
 
+/// Loopback source addresses the overload clients are spread over (127.0.0.2..127.0.0.41), so
+/// the per-client-IP connection cap (256 per process by default) admits every one of them and
+/// the flood reaches the store path it is about.
+const OVERLOAD_SOURCES: usize = 40;
+
+/// The sum of a counter's samples in a server's `/metrics` whose labels include every one of
+/// `labels` (`key="value"`); 0 when absent or unreadable.
+async fn counter_sum(s: &Sluice, name: &str, labels: &[&str]) -> u64 {
+    let Ok(r) = harness::get(s.http, "/metrics", Duration::from_secs(5)).await else {
+        return 0;
+    };
+    String::from_utf8_lossy(&r.body)
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
 /// 3 `sluice serve` on one Redis with default store settings; 3,000 concurrent checks on one
-/// identity with a limit of 100: how many are admitted, how many as `failed_open`.
+/// identity with a limit of 100, from 40 loopback addresses: how many are admitted, how many
+/// as `failed_open`, how many denied because sluice's own queue was saturated.
 pub(crate) async fn overload(a: &Args) -> Outcome {
     let (total, limit) = if a.quick {
         (600usize, 100u64)
@@ -29,7 +49,9 @@ pub(crate) async fn overload(a: &Args) -> Outcome {
     };
     let mut out = Outcome::new(
         "overload",
-        format!("{total} concurrent checks, 3 servers, limit {limit}"),
+        format!(
+            "{total} concurrent checks from {OVERLOAD_SOURCES} addresses, 3 servers, limit {limit}"
+        ),
     );
     let redis = tokio::task::spawn_blocking(redis)
         .await
@@ -55,10 +77,11 @@ pub(crate) async fn overload(a: &Args) -> Outcome {
     let mut tasks = Vec::with_capacity(total);
     for i in 0..total {
         let addr = servers[i % 3].http;
+        let from = Some(harness::attacker_ip((i / 3) % OVERLOAD_SOURCES));
         let (barrier, gate) = (Arc::clone(&barrier), Arc::clone(&gate));
         tasks.push(tokio::spawn(async move {
             let permit = gate.acquire_owned().await;
-            let conn = Conn::open(addr, Duration::from_secs(10)).await;
+            let conn = Conn::open_from(from, addr, Duration::from_secs(10)).await;
             drop(permit);
             barrier.wait().await;
             let req = harness::request("POST", "/v1/check", Some(body), &[]);
@@ -67,26 +90,45 @@ pub(crate) async fn overload(a: &Args) -> Outcome {
                 .exchange(&[req], Duration::from_secs(30))
                 .await
                 .ok()?;
-            Some(answer[0].json())
+            Some((answer[0].status, answer[0].json()))
         }));
     }
-    let (mut allowed, mut failed_open, mut decided_allowed, mut errors) = (0u64, 0u64, 0u64, 0u64);
+    let mut allowed = 0u64;
+    let mut verdicts = std::collections::BTreeMap::<String, u64>::new();
+    let mut unanswered = 0u64;
     for t in tasks {
         match t.await.ok().flatten() {
-            Some(v) => {
-                let ok = v["allowed"].as_bool() == Some(true);
-                allowed += ok as u64;
-                let verdict = v["verdict"].as_str().unwrap_or("");
-                failed_open += (verdict == "failed_open") as u64;
-                decided_allowed += (ok && verdict == "decided") as u64;
+            Some((status, v)) => {
+                allowed += (v["allowed"].as_bool() == Some(true)) as u64;
+                let verdict = match v["verdict"].as_str() {
+                    Some(verdict) => format!("{verdict}/{}", v["allowed"]),
+                    None => format!("status {status}"),
+                };
+                *verdicts.entry(verdict).or_default() += 1;
             }
-            None => errors += 1,
+            None => unanswered += 1,
         }
     }
+    let (mut overloaded, mut refused_per_ip) = (0u64, 0u64);
+    for s in &servers {
+        overloaded += counter_sum(s, "sluice_store_queue_overloaded_total", &[]).await;
+        refused_per_ip += counter_sum(
+            s,
+            "sluice_connections_rejected_total",
+            &["reason=\"per_ip\""],
+        )
+        .await;
+    }
+    let count = |k: &str| verdicts.get(k).copied().unwrap_or(0);
     out.set("admitted", allowed);
-    out.set("failed_open", failed_open);
-    out.set("admitted_by_decision", decided_allowed);
-    out.set("no_answer", errors);
+    out.set("admitted_by_decision", count("decided/true"));
+    out.set("failed_open", count("failed_open/true"));
+    out.set("denied_by_decision", count("decided/false"));
+    out.set("denied_failed_closed", count("failed_closed/false"));
+    out.set("store_queue_overloaded_total", overloaded);
+    out.set("connections_refused_per_ip", refused_per_ip);
+    out.set("unanswered", unanswered);
+    out.set("answers", format!("{verdicts:?}"));
     out
 }
 
