@@ -26,6 +26,19 @@ from ._sluice import (
 )
 from ._rules import Rule
 
+import atexit as _atexit
+import time as _time
+
+
+@_atexit.register
+def _let_runtime_threads_leave_python() -> None:
+    # The engine's worker threads hand each finished check to the event loop with
+    # call_soon_threadsafe; the last hand-off can still be writing to the loop's wake-up socket
+    # when the script ends. On CPython before 3.14, a thread that asks for the GIL while the
+    # interpreter finalizes is ended with pthread_exit, which aborts a Rust thread (exit 134).
+    # Exit handlers run before finalization: sleeping here (GIL released) lets it finish.
+    _time.sleep(0.05)
+
 __all__ = [
     "Decision",
     "HttpGuard",
