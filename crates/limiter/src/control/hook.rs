@@ -28,11 +28,9 @@ pub(crate) fn screen(
         item.screened = screen != Screen::Pass;
         match screen {
             Screen::Pass => {}
-            Screen::Override(algorithm) => {
-                let mut p = (**policy).clone();
-                p.algorithm = algorithm;
+            Screen::Override(p) => {
                 item.algorithm = p.shard_algorithm();
-                item.result.policy = Arc::new(p);
+                item.result.policy = p;
             }
             Screen::Allowed => {
                 let quota = item.algorithm.quota();

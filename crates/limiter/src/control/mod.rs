@@ -88,7 +88,7 @@ pub enum ListKind {
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Screen {
     Pass,
-    Override(Algorithm),
+    Override(Arc<Policy>),
     Allowed,
     Denied,
     Banned(u64),
@@ -128,6 +128,9 @@ pub(crate) struct Shared {
     tables: RwLock<Tables>,
     active: AtomicBool,
     has_ban_rules: AtomicBool,
+    /// Incremented by every [`ControlPlane::configure`], so overrides resolved against old
+    /// plans are resolved again.
+    generation: std::sync::atomic::AtomicU64,
     backend: Backend,
     strikes: Mutex<Strikes>,
     /// Itself, for background tasks that must not keep it alive.
@@ -168,6 +171,7 @@ impl ControlPlane {
             tables: RwLock::new(Tables::default()),
             active: AtomicBool::new(false),
             has_ban_rules: AtomicBool::new(false),
+            generation: std::sync::atomic::AtomicU64::new(0),
             backend,
             strikes: Mutex::new(Strikes::default()),
             me: std::sync::OnceLock::new(),
@@ -203,6 +207,7 @@ impl ControlPlane {
             allow,
             deny,
         };
+        self.shared.generation.fetch_add(1, Ordering::Relaxed);
         self.shared.update_active();
     }
 
@@ -244,7 +249,10 @@ impl ControlPlane {
                     .overrides
                     .entry(policy.to_string())
                     .or_default()
-                    .insert(identity.to_string(), entry.clone());
+                    .insert(
+                        identity.to_string(),
+                        tables::OverrideSlot::new(entry.clone()),
+                    );
             }
             #[cfg(feature = "redis")]
             Backend::Redis(r) => {
@@ -269,7 +277,7 @@ impl ControlPlane {
             .tables
             .read()
             .override_of(policy, identity, now)
-            .cloned())
+            .map(|o| o.entry.clone()))
     }
 
     /// Removes an override; returns whether there was one.
@@ -385,13 +393,26 @@ impl ControlPlane {
 
     /// What the control plane says about `identity` under `policy`. Order: deny list, allow
     /// list, ban, override.
-    pub(crate) fn screen(&self, identity: &str, policy: &Policy, now_ms: u64) -> Screen {
+    pub(crate) fn screen(&self, identity: &str, policy: &Arc<Policy>, now_ms: u64) -> Screen {
         let configured = self.shared.configured.read();
         let tables = self.shared.tables.read();
-        if configured.deny.contains(identity, now_ms) || tables.deny.contains(identity, now_ms) {
+        // The identity's address is read once, and only when some list holds a network.
+        let lists = [
+            &configured.deny,
+            &tables.deny,
+            &configured.allow,
+            &tables.allow,
+        ];
+        let ip = if lists.iter().any(|l| l.has_nets()) {
+            tables::ip_of_identity(identity)
+        } else {
+            None
+        };
+        let on = |l: &ListSet| l.contains(identity, ip.as_ref(), now_ms);
+        if on(&configured.deny) || on(&tables.deny) {
             return Screen::Denied;
         }
-        if configured.allow.contains(identity, now_ms) || tables.allow.contains(identity, now_ms) {
+        if on(&configured.allow) || on(&tables.allow) {
             return Screen::Allowed;
         }
         let left = tables.ban_left_ms(identity, &policy.name, now_ms);
@@ -401,7 +422,7 @@ impl ControlPlane {
         let Some(o) = tables.override_of(&policy.name, identity, now_ms) else {
             return Screen::Pass;
         };
-        let algorithm = match &o.target {
+        let algorithm = match &o.entry.target {
             OverrideTarget::Params(a) => Some(a),
             OverrideTarget::Plan(plan) => configured
                 .config
@@ -411,7 +432,10 @@ impl ControlPlane {
         };
         match algorithm {
             // An override made for another algorithm (the policy changed since) is ignored.
-            Some(a) if a.kind() == policy.algorithm.kind() => Screen::Override(a.clone()),
+            Some(a) if a.kind() == policy.algorithm.kind() => {
+                let generation = self.shared.generation.load(Ordering::Relaxed);
+                Screen::Override(o.resolve(policy, generation, a))
+            }
             _ => Screen::Pass,
         }
     }

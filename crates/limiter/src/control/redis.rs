@@ -368,7 +368,7 @@ fn parse_load(reply: Value) -> Result<(i64, Tables), StoreError> {
             t.overrides
                 .entry(policy)
                 .or_default()
-                .insert(identity, entry);
+                .insert(identity, tables::OverrideSlot::new(entry));
         }
     }
     for (field, value) in pairs(&parts[2]) {

@@ -7,6 +7,10 @@
 #![cfg_attr(not(feature = "redis"), allow(dead_code))]
 
 use std::collections::HashMap;
+
+/// The maps every decision reads: foldhash instead of SipHash, since each check hashes its
+/// identity several times; the tables hold only what operators and the ban rules wrote.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
@@ -94,10 +98,14 @@ fn ip_of(identity: &str) -> Option<IpNet> {
 }
 
 /// Identities and networks of one list, each with its expiry (Unix ms, `None` = never).
+/// Networks are grouped by prefix length, so matching an address costs one hash lookup per
+/// distinct length on the list, however many networks it holds.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct ListSet {
-    exact: HashMap<String, Option<u64>>,
-    nets: Vec<(IpNet, Option<u64>)>,
+    exact: FastMap<String, Option<u64>>,
+    nets: FastMap<IpNet, Option<u64>>,
+    /// The prefix lengths present among `nets`, IPv4 then IPv6, each counted.
+    lengths: std::collections::BTreeMap<(bool, u8), usize>,
 }
 
 impl ListSet {
@@ -108,8 +116,9 @@ impl ListSet {
             }
             ListEntry::Net(n) => {
                 let n = n.trunc();
-                self.nets.retain(|(m, _)| *m != n);
-                self.nets.push((n, expires));
+                if self.nets.insert(n, expires).is_none() {
+                    *self.lengths.entry(length_key(&n)).or_default() += 1;
+                }
             }
         }
     }
@@ -118,10 +127,18 @@ impl ListSet {
         match entry {
             ListEntry::Identity(s) => self.exact.remove(s).is_some(),
             ListEntry::Net(n) => {
-                let before = self.nets.len();
                 let n = n.trunc();
-                self.nets.retain(|(m, _)| *m != n);
-                before != self.nets.len()
+                if self.nets.remove(&n).is_none() {
+                    return false;
+                }
+                let key = length_key(&n);
+                if let Some(c) = self.lengths.get_mut(&key) {
+                    *c -= 1;
+                    if *c == 0 {
+                        self.lengths.remove(&key);
+                    }
+                }
+                true
             }
         }
     }
@@ -130,30 +147,98 @@ impl ListSet {
         self.exact.is_empty() && self.nets.is_empty()
     }
 
-    /// Whether `identity` is on the list at `now_ms`.
-    pub(crate) fn contains(&self, identity: &str, now_ms: u64) -> bool {
+    /// Whether the list holds any network.
+    pub(crate) fn has_nets(&self) -> bool {
+        !self.nets.is_empty()
+    }
+
+    /// Whether `identity` (whose address or network is `ip`, see [`ip_of_identity`]) is on
+    /// the list at `now_ms`.
+    pub(crate) fn contains(&self, identity: &str, ip: Option<&IpNet>, now_ms: u64) -> bool {
         let live = |e: &Option<u64>| e.is_none_or(|t| t > now_ms);
         if self.exact.get(identity).is_some_and(live) {
             return true;
         }
-        if self.nets.is_empty() {
+        let Some(ip) = ip.filter(|_| !self.nets.is_empty()) else {
             return false;
+        };
+        let v4 = matches!(ip, IpNet::V4(_));
+        self.lengths
+            .keys()
+            .filter(|(family, len)| *family == v4 && *len <= ip.prefix_len())
+            .any(|&(_, len)| {
+                IpNet::new(ip.addr(), len)
+                    .ok()
+                    .and_then(|n| self.nets.get(&n.trunc()))
+                    .is_some_and(live)
+            })
+    }
+}
+
+fn length_key(n: &IpNet) -> (bool, u8) {
+    (matches!(n, IpNet::V4(_)), n.prefix_len())
+}
+
+/// The address or network an identity names, for matching list networks.
+pub(crate) fn ip_of_identity(identity: &str) -> Option<IpNet> {
+    ip_of(identity)
+}
+
+/// An override and the policy it makes, built on first use and kept while the policy it was
+/// built from and the configuration's plans stay the same (a decision then costs an `Arc`
+/// clone, not a copy of the policy).
+#[derive(Debug)]
+pub(crate) struct OverrideSlot {
+    pub(crate) entry: OverrideEntry,
+    resolved: parking_lot::Mutex<Option<Resolved>>,
+}
+
+#[derive(Debug)]
+struct Resolved {
+    generation: u64,
+    base: std::sync::Arc<sluice_core::Policy>,
+    policy: std::sync::Arc<sluice_core::Policy>,
+}
+
+impl OverrideSlot {
+    pub(crate) fn new(entry: OverrideEntry) -> Self {
+        OverrideSlot {
+            entry,
+            resolved: parking_lot::Mutex::new(None),
         }
-        match ip_of(identity) {
-            Some(ip) => self
-                .nets
-                .iter()
-                .any(|(net, e)| live(e) && net.contains(&ip)),
-            None => false,
+    }
+
+    /// `base` with `algorithm`, remembered for `generation` of the plans.
+    pub(crate) fn resolve(
+        &self,
+        base: &std::sync::Arc<sluice_core::Policy>,
+        generation: u64,
+        algorithm: &Algorithm,
+    ) -> std::sync::Arc<sluice_core::Policy> {
+        let mut cached = self.resolved.lock();
+        if let Some(r) = cached.as_ref()
+            && r.generation == generation
+            && std::sync::Arc::ptr_eq(&r.base, base)
+        {
+            return std::sync::Arc::clone(&r.policy);
         }
+        let mut p = (**base).clone();
+        p.algorithm = algorithm.clone();
+        let policy = std::sync::Arc::new(p);
+        *cached = Some(Resolved {
+            generation,
+            base: std::sync::Arc::clone(base),
+            policy: std::sync::Arc::clone(&policy),
+        });
+        policy
     }
 }
 
 /// Every runtime entry: overrides by policy then identity, bans by identity, the two lists.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Default)]
 pub(crate) struct Tables {
-    pub(crate) overrides: HashMap<String, HashMap<String, OverrideEntry>>,
-    pub(crate) bans: HashMap<String, Vec<BanEntry>>,
+    pub(crate) overrides: FastMap<String, FastMap<String, OverrideSlot>>,
+    pub(crate) bans: FastMap<String, Vec<BanEntry>>,
     pub(crate) allow: ListSet,
     pub(crate) deny: ListSet,
 }
@@ -172,11 +257,11 @@ impl Tables {
         policy: &str,
         identity: &str,
         now_ms: u64,
-    ) -> Option<&OverrideEntry> {
+    ) -> Option<&OverrideSlot> {
         self.overrides
             .get(policy)?
             .get(identity)
-            .filter(|o| o.expires_at_ms.is_none_or(|t| t > now_ms))
+            .filter(|o| o.entry.expires_at_ms.is_none_or(|t| t > now_ms))
     }
 
     /// How long `identity` stays banned for `policy`, in ms (0 = not banned).
@@ -289,7 +374,17 @@ mod tests {
 
     #[test]
     fn networks_match_client_ip_identities_and_nothing_else() {
-        let mut deny = ListSet::default();
+        struct Check(ListSet);
+        impl Check {
+            fn contains(&self, identity: &str, now: u64) -> bool {
+                self.0
+                    .contains(identity, ip_of_identity(identity).as_ref(), now)
+            }
+            fn insert(&mut self, e: &ListEntry, expires: Option<u64>) {
+                self.0.insert(e, expires)
+            }
+        }
+        let mut deny = Check(ListSet::default());
         deny.insert(&ListEntry::parse("203.0.113.0/24").unwrap(), None);
         deny.insert(&ListEntry::parse("user:mallory").unwrap(), Some(2_000));
         assert!(deny.contains("ip:203.0.113.7", 1_000));
