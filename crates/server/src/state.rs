@@ -159,7 +159,15 @@ fn describe_metrics() {
     );
     metrics::describe_counter!(
         "sluice_decisions_total",
-        "Rate limit decisions by policy and outcome (allowed, denied, shadow_denied, failed_open, failed_closed)"
+        "Rate limit decisions by policy and outcome (allowed, denied, shadow_denied, failed_open, failed_closed, overloaded, banned, deny_listed)"
+    );
+    metrics::describe_counter!(
+        "sluice_list_bypass_total",
+        "Checks of an allow-listed identity, which bypass the policy's limit (also counted as allowed)"
+    );
+    metrics::describe_counter!(
+        "sluice_bans_total",
+        "Automatic bans after repeated denials, by policy"
     );
     metrics::describe_counter!(
         "sluice_near_limit_total",

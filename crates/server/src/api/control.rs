@@ -1,8 +1,8 @@
 //! `/v1/overrides`, `/v1/bans` and `/v1/lists/{allow,deny}`: runtime changes to the limiter's
 //! control plane ([`sluice::control`]).
 //!
-//! Every change needs the admin token when one is configured, and is logged with the peer
-//! that made it. Who is concerned comes as `identity` or `credential`, read exactly as
+//! Every call needs the admin token when one is configured (else `server.api_token` when that
+//! is set), and every change is logged with the peer that made it. Who is concerned comes as `identity` or `credential`, read exactly as
 //! `/v1/check` reads them, so a change made with an API key reaches the bucket the proxy and
 //! `/v1/check` use for that key. Changes go to the store; every instance sharing it applies
 //! them to its next decision within a second.
@@ -22,16 +22,29 @@ use super::{count, json_response, kind, problem, read_json};
 use crate::config::control::{ParamsText, overlay};
 use crate::state::{Runtime, Shared};
 
-/// The admin token check and the body, or the answer that refuses the request.
+/// Refuses a request without the admin token (or, with no admin token, the API token) when
+/// one is configured.
+fn refused(rt: &Runtime, req: &Request, endpoint: &'static str) -> Option<Response> {
+    let (token, name) = match rt.config.admin_token.as_deref() {
+        Some(t) => (Some(t), "admin_token"),
+        None => (rt.config.server.api_token.as_deref(), "api_token"),
+    };
+    if bearer_allows(req.headers(), token) {
+        return None;
+    }
+    count(endpoint, StatusCode::UNAUTHORIZED);
+    Some(unauthorized(name))
+}
+
+/// The token check and the body, or the answer that refuses the request.
 async fn admit(
     shared: &Shared,
     req: Request,
     endpoint: &'static str,
 ) -> Result<(std::sync::Arc<Runtime>, String, Map<String, Value>), Response> {
     let rt = shared.runtime();
-    if !bearer_allows(req.headers(), rt.config.admin_token.as_deref()) {
-        count(endpoint, StatusCode::UNAUTHORIZED);
-        return Err(unauthorized("admin_token"));
+    if let Some(res) = refused(&rt, &req, endpoint) {
+        return Err(res);
     }
     let peer = sluice_http::identity::peer_addr(req.extensions())
         .map_or_else(|| "unknown".to_string(), |a| a.to_string());
@@ -197,7 +210,7 @@ pub(super) async fn set_override(State(shared): State<Shared>, req: Request) -> 
         .await
     {
         Ok(entry) => {
-            tracing::info!(%peer, policy, identity = identity.as_str(), ttl_ms = ttl.map(|t| t.as_millis() as u64), "override set");
+            tracing::info!(target: "sluice::admin", source = %peer, policy, identity = identity.as_str(), ttl_ms = ttl.map(|t| t.as_millis() as u64), "override set");
             ok(EP, &override_json(&policy, &identity, &entry, &rt))
         }
         Err(e) => store_failed(EP, &e),
@@ -208,9 +221,8 @@ pub(super) async fn set_override(State(shared): State<Shared>, req: Request) -> 
 pub(super) async fn get_override(State(shared): State<Shared>, req: Request) -> Response {
     const EP: &str = "overrides";
     let rt = shared.runtime();
-    if !bearer_allows(req.headers(), rt.config.admin_token.as_deref()) {
-        count(EP, StatusCode::UNAUTHORIZED);
-        return unauthorized("admin_token");
+    if let Some(res) = refused(&rt, &req, EP) {
+        return res;
     }
     let query =
         axum::extract::Query::<std::collections::HashMap<String, String>>::try_from_uri(req.uri());
@@ -271,7 +283,7 @@ pub(super) async fn remove_override(State(shared): State<Shared>, req: Request) 
         .await
     {
         Ok(true) => {
-            tracing::info!(%peer, policy, identity = identity.as_str(), "override removed");
+            tracing::info!(target: "sluice::admin", source = %peer, policy, identity = identity.as_str(), "override removed");
             ok(
                 EP,
                 &json!({"policy": policy, "identity": identity.as_str(), "removed": true}),
@@ -342,7 +354,7 @@ pub(super) async fn ban(State(shared): State<Shared>, req: Request) -> Response 
     let control = rt.limiter.control();
     match control.ban(identity.as_str(), duration, policies).await {
         Ok(ban) => {
-            tracing::info!(%peer, identity = identity.as_str(), duration_ms = duration.as_millis() as u64, policies = ?ban.policies, "ban set");
+            tracing::info!(target: "sluice::admin", source = %peer, identity = identity.as_str(), duration_ms = duration.as_millis() as u64, policies = ?ban.policies, "ban set");
             let now = ban
                 .until_ms
                 .saturating_sub(duration.as_millis().max(1) as u64);
@@ -370,7 +382,7 @@ pub(super) async fn unban(State(shared): State<Shared>, req: Request) -> Respons
     };
     match rt.limiter.control().unban(identity.as_str()).await {
         Ok(true) => {
-            tracing::info!(%peer, identity = identity.as_str(), "ban lifted");
+            tracing::info!(target: "sluice::admin", source = %peer, identity = identity.as_str(), "ban lifted");
             ok(EP, &json!({"identity": identity.as_str(), "removed": true}))
         }
         Ok(false) => not_found(EP, "no ban for this identity"),
@@ -424,7 +436,7 @@ async fn list_change(shared: Shared, req: Request, which: ListKind, add: bool) -
     if add {
         match control.list_add(which, &entry, ttl).await {
             Ok(()) => {
-                tracing::info!(%peer, list, entry = entry.text(), ttl_ms = ttl.map(|t| t.as_millis() as u64), "list entry added");
+                tracing::info!(target: "sluice::admin", source = %peer, list, entry = entry.text(), ttl_ms = ttl.map(|t| t.as_millis() as u64), "list entry added");
                 ok(
                     EP,
                     &json!({"list": list, "entry": entry.text(), "ttl_ms": ttl.map(|t| t.as_millis() as u64)}),
@@ -435,7 +447,7 @@ async fn list_change(shared: Shared, req: Request, which: ListKind, add: bool) -
     } else {
         match control.list_remove(which, &entry).await {
             Ok(true) => {
-                tracing::info!(%peer, list, entry = entry.text(), "list entry removed");
+                tracing::info!(target: "sluice::admin", source = %peer, list, entry = entry.text(), "list entry removed");
                 ok(
                     EP,
                     &json!({"list": list, "entry": entry.text(), "removed": true}),
@@ -468,4 +480,99 @@ pub(super) async fn deny_add(State(shared): State<Shared>, req: Request) -> Resp
 /// `DELETE /v1/lists/deny`.
 pub(super) async fn deny_remove(State(shared): State<Shared>, req: Request) -> Response {
     list_change(shared, req, ListKind::Deny, false).await
+}
+
+/// The OpenAPI entries of these endpoints.
+pub(super) fn add_openapi(doc: &mut Value) {
+    let problem = |what: &str| json!({ "description": what, "content": { "application/problem+json": { "schema": { "$ref": "#/components/schemas/Problem" } } } });
+    let body = |schema: &str| json!({ "required": true, "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{schema}") } } } });
+    let answer = |what: &str| json!({ "description": what, "content": { "application/json": { "schema": { "type": "object" } } } });
+    let errors = |notfound: Option<&str>| {
+        let mut r = json!({
+            "400": problem("Malformed request, unknown policy or plan, parameters the algorithm does not take"),
+            "401": problem("admin_token is set (else server.api_token) and the request does not carry it"),
+            "503": problem("The store did not answer; nothing changed"),
+        });
+        if let Some(what) = notfound {
+            r["404"] = problem(what);
+        }
+        r
+    };
+    let with = |ok: Value, mut errs: Value| {
+        errs["200"] = ok;
+        errs
+    };
+    let paths = json!({
+        "/v1/overrides": {
+            "post": { "summary": "Bind one identity of one policy to other parameters or to a plan, optionally for a ttl",
+                "requestBody": body("OverrideRequest"),
+                "responses": with(answer("The override: policy, identity, plan, params (effective), expires_at_ms"), errors(None)) },
+            "get": { "summary": "Read the override of ?policy=P&identity=I (or &credential=C)",
+                "responses": with(answer("The override"), errors(Some("No override"))) },
+            "delete": { "summary": "Remove an override", "requestBody": body("PolicyIdentity"),
+                "responses": with(answer("{removed: true}"), errors(Some("No override"))) }
+        },
+        "/v1/bans": {
+            "post": { "summary": "Ban an identity for a duration, from every policy or the listed ones",
+                "requestBody": body("BanRequest"),
+                "responses": with(answer("The ban: identity, policies, until_ms, retry_after_ms"), errors(None)) },
+            "delete": { "summary": "Lift every ban of an identity", "requestBody": body("Identity"),
+                "responses": with(answer("{removed: true}"), errors(Some("No ban"))) }
+        },
+        "/v1/lists/allow": {
+            "post": { "summary": "Add an identity or network that bypasses every limit (still counted in metrics)", "requestBody": body("ListEntry"),
+                "responses": with(answer("The entry"), errors(None)) },
+            "delete": { "summary": "Remove a runtime allow entry", "requestBody": body("ListEntry"),
+                "responses": with(answer("{removed: true}"), errors(Some("Not on the runtime list"))) }
+        },
+        "/v1/lists/deny": {
+            "post": { "summary": "Add an identity or network refused by every policy (reason denied, 403 in the proxy)", "requestBody": body("ListEntry"),
+                "responses": with(answer("The entry"), errors(None)) },
+            "delete": { "summary": "Remove a runtime deny entry", "requestBody": body("ListEntry"),
+                "responses": with(answer("{removed: true}"), errors(Some("Not on the runtime list"))) }
+        }
+    });
+    let who = json!({
+        "identity": { "type": "string", "description": "e.g. user:42, ip:203.0.113.7" },
+        "credential": { "type": "string", "description": "Instead of identity: a secret, hashed as /v1/check hashes it" }
+    });
+    let duration = json!({ "type": ["string", "integer"], "description": "A duration such as \"10m\", or whole seconds" });
+    let with_who = |mut props: Value| {
+        for (k, v) in who.as_object().into_iter().flatten() {
+            props[k] = v.clone();
+        }
+        props
+    };
+    let schemas = json!({
+        "OverrideRequest": { "type": "object", "additionalProperties": false, "required": ["policy"],
+            "properties": with_who(json!({
+                "policy": { "type": "string" },
+                "params": { "type": "object", "description": "Parameters under the names of [policies.*] (capacity, rate, burst, limit, window, mode, lease), laid over the policy's own; same algorithm" },
+                "plan": { "type": "string", "description": "A plan with a [plans.NAME.POLICY] table" },
+                "ttl": duration.clone() })) },
+        "PolicyIdentity": { "type": "object", "additionalProperties": false, "required": ["policy"],
+            "properties": with_who(json!({ "policy": { "type": "string" } })) },
+        "Identity": { "type": "object", "additionalProperties": false, "properties": with_who(json!({})) },
+        "BanRequest": { "type": "object", "additionalProperties": false, "required": ["duration"],
+            "properties": with_who(json!({
+                "duration": duration.clone(),
+                "policies": { "type": "array", "items": { "type": "string" }, "minItems": 1, "description": "The ban's scope; every policy when absent" } })) },
+        "ListEntry": { "type": "object", "additionalProperties": false,
+            "properties": {
+                "entry": { "type": "string", "description": "An identity, an address or a CIDR (matched against ip:, ip6: and Envoy remote_address identities)" },
+                "credential": { "type": "string", "description": "Instead of entry: a secret, hashed as /v1/check hashes it" },
+                "ttl": duration } }
+    });
+    for (k, v) in paths.as_object().into_iter().flatten() {
+        doc["paths"][k] = v.clone();
+    }
+    for (k, v) in schemas.as_object().into_iter().flatten() {
+        doc["components"]["schemas"][k] = v.clone();
+    }
+    if let Some(reasons) =
+        doc["components"]["schemas"]["PolicyDecision"]["properties"]["reason"]["enum"]
+            .as_array_mut()
+    {
+        reasons.extend([json!("banned"), json!("denied")]);
+    }
 }

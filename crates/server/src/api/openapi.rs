@@ -106,6 +106,7 @@ pub fn openapi() -> Value {
         } }
     });
     super::state::add_openapi(&mut doc);
+    super::control::add_openapi(&mut doc);
     doc
 }
 
@@ -125,6 +126,10 @@ mod tests {
             "/v1/state",
             "/v1/charge",
             "/v1/refund",
+            "/v1/overrides",
+            "/v1/bans",
+            "/v1/lists/allow",
+            "/v1/lists/deny",
         ] {
             assert!(doc["paths"][p].is_object(), "{p}");
         }

@@ -91,14 +91,7 @@ impl Checker<'_> {
         default: u64,
         max: u64,
     ) -> u64 {
-        match v {
-            None => default,
-            Some(n) if *n.get_ref() == 0 || *n.get_ref() > max => {
-                self.at(n.span(), field, format!("must be between 1 and {max}"));
-                default
-            }
-            Some(n) => *n.get_ref(),
-        }
+        self.in_range(v, field, default, (1, max))
     }
 
     /// A number in `0..=max` (zero allowed, meaning "derived" or "off" as the field says).
@@ -109,10 +102,21 @@ impl Checker<'_> {
         default: u64,
         max: u64,
     ) -> u64 {
+        self.in_range(v, field, default, (0, max))
+    }
+
+    /// A number in `min..=max`, or `default` when absent (or out of range, after the error).
+    fn in_range(
+        &mut self,
+        v: &Option<Spanned<u64>>,
+        field: &str,
+        default: u64,
+        (min, max): (u64, u64),
+    ) -> u64 {
         match v {
             None => default,
-            Some(n) if *n.get_ref() > max => {
-                self.at(n.span(), field, format!("must be between 0 and {max}"));
+            Some(n) if !(min..=max).contains(n.get_ref()) => {
+                self.at(n.span(), field, format!("must be between {min} and {max}"));
                 default
             }
             Some(n) => *n.get_ref(),

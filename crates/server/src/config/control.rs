@@ -258,3 +258,78 @@ pub(super) fn check_control(
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::Config;
+    use sluice::{Algorithm, ListEntry};
+
+    const BASE: &str = r#"
+[policies.api]
+algorithm = "fixed-window"
+limit = 10
+window = "1m"
+ban = { after = 3, within = "1m", duration = "10m", multiplier = 2.0, max = "24h" }
+"#;
+
+    #[test]
+    fn plans_lists_and_bans_are_read() {
+        let src = format!(
+            "{BASE}\n[plans.gold.api]\nlimit = 100\n[lists]\nallow = [\"10.0.0.0/8\", \"user:ops\"]\ndeny = [\"ip:198.51.100.1\"]\n"
+        );
+        let c = Config::parse(&src, "t.toml", None).unwrap();
+        assert_eq!(
+            c.control.plans["gold"]["api"],
+            Algorithm::FixedWindow {
+                limit: 100,
+                window_ms: 60_000
+            }
+        );
+        let ban = &c.control.bans["api"];
+        assert_eq!(
+            (ban.after, ban.within_ms, ban.duration_ms, ban.max_ms),
+            (3, 60_000, 600_000, 86_400_000)
+        );
+        assert_eq!(ban.duration_at(1), 1_200_000);
+        assert_eq!(ban.duration_at(20), 86_400_000, "capped at max");
+        assert_eq!(c.control.allow.len(), 2);
+        assert_eq!(
+            c.control.deny,
+            vec![ListEntry::parse("198.51.100.1/32").unwrap()]
+        );
+    }
+
+    #[test]
+    fn mistakes_are_reported_with_their_field() {
+        for (extra, field, needle) in [
+            (
+                "[plans.gold.nope]\nlimit = 1\n",
+                "plans.gold.nope",
+                "no such policy",
+            ),
+            (
+                "[plans.gold.api]\ncapacity = 1\n",
+                "plans.gold.api",
+                "capacity",
+            ),
+            (
+                "[plans.gold.api]\nlimit = 0\n",
+                "plans.gold.api",
+                "at least 1",
+            ),
+            ("[lists]\ndeny = [\"\"]\n", "lists.deny", "1 to 512"),
+        ] {
+            let src = format!("{BASE}\n{extra}");
+            let e = Config::parse(&src, "t.toml", None).unwrap_err().to_string();
+            assert!(e.contains(field) && e.contains(needle), "{extra}: {e}");
+        }
+        let bad_ban = BASE.replace("max = \"24h\"", "max = \"1m\"");
+        let e = Config::parse(&bad_ban, "t.toml", None)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("policies.api.ban") && e.contains("max must be at least duration"),
+            "{e}"
+        );
+    }
+}

@@ -18,8 +18,8 @@
 //! [`Rate`]: sluice::Rate
 //! [`Algorithm`]: sluice::Algorithm
 
-pub mod control;
 mod check;
+pub mod control;
 mod envoy;
 pub mod error;
 mod identity;
