@@ -228,3 +228,52 @@ fn check_takes_a_calendar_window() {
         "retry {retry} vs next Monday"
     );
 }
+
+#[test]
+fn overrides_bans_and_lists_through_a_running_server() {
+    let s = serve();
+    let who = ["--policy", "burst", "--identity", "vip"];
+    let (code, v, err) = admin(
+        &s,
+        "adm1n",
+        &[
+            &["override", "set"][..],
+            &who,
+            &["--param", "capacity=50", "--ttl", "1h"],
+        ]
+        .concat(),
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(v.is_object(), "{v}");
+    let (code, v, err) = admin(&s, "adm1n", &[&["override", "get"][..], &who].concat());
+    assert_eq!(code, 0, "{err}");
+    assert!(v.to_string().contains("50"), "{v}");
+    // The override's capacity is the one the state shows.
+    let (_, v, _) = admin(
+        &s,
+        "adm1n",
+        &[&["charge"][..], &who, &["--cost", "10"]].concat(),
+    );
+    assert_eq!(
+        (v["limit"].as_u64(), v["remaining"].as_u64()),
+        (Some(50), Some(40)),
+        "{v}"
+    );
+    let (code, _, _) = admin(&s, "adm1n", &[&["override", "delete"][..], &who].concat());
+    assert_eq!(code, 0);
+    let (code, _, err) = admin(&s, "adm1n", &[&["override", "get"][..], &who].concat());
+    assert_eq!(code, 1, "no override left: {err}");
+    assert!(err.contains("404"), "{err}");
+    for args in [
+        &["ban", "add", "--identity", "mallory", "--duration", "10m"][..],
+        &["ban", "lift", "--identity", "mallory"],
+        &["allow", "add", "--entry", "10.0.0.0/8", "--ttl", "1h"],
+        &["allow", "remove", "--entry", "10.0.0.0/8"],
+        &["deny", "add", "--entry", "user:bad"],
+        &["deny", "remove", "--entry", "user:bad"],
+    ] {
+        let (code, v, err) = admin(&s, "adm1n", args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        assert!(v.is_object(), "{args:?}: {v}");
+    }
+}

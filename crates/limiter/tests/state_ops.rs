@@ -118,3 +118,28 @@ async fn reset_and_refund_drop_the_remembered_denial() {
         "reset must reach the next check"
     );
 }
+
+#[tokio::test]
+async fn an_override_applies_to_state_charge_and_refund() {
+    let l = limiter(DenyCacheMode::Off);
+    let (id, p) = (Identity::new("vip"), bucket("api", 5, 1));
+    let bigger = Algorithm::TokenBucket {
+        capacity: 50,
+        rate: Rate::per_second(1),
+    };
+    l.control()
+        .set_override("api", "vip", sluice::OverrideTarget::Params(bigger), None)
+        .await
+        .unwrap();
+    assert!(
+        l.check(&id, &p, 30).await.allowed,
+        "the override's capacity"
+    );
+    let s = l.state(&id, &p).await.unwrap();
+    assert_eq!((s.limit, s.remaining), (50, 20));
+    assert_eq!(l.refund(&id, &p, 25).await.unwrap().remaining, 45);
+    assert_eq!(l.charge(&id, &p, 40).await.unwrap().remaining, 5);
+    // Another identity keeps the configured capacity.
+    let other = Identity::new("plain");
+    assert_eq!(l.state(&other, &p).await.unwrap().limit, 5);
+}

@@ -8,7 +8,9 @@
 //! handled whole: its state is the sum over its shards, a reset deletes every shard, and a
 //! charge or refund is spread evenly over the shards (each shard holds `1/n` of the limit).
 //! A reset or refund also drops this instance's remembered denial of the key (the deny
-//! cache); other instances' remembered denials run out at their retry time.
+//! cache); other instances' remembered denials run out at their retry time. An override of
+//! the identity's parameters (the control plane) applies here as it does to checks: the state
+//! is read, charged and refunded under the parameters its checks use.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -19,6 +21,7 @@ use sluice_core::{Decision, DenyReason, Identity, Policy, StoreError};
 
 use super::Limiter;
 use crate::breaker::Admission;
+use crate::control::Screen;
 
 impl Limiter {
     /// The keys of `policy` for `identity`: one, or one per shard.
@@ -30,6 +33,18 @@ impl Limiter {
                 .collect()
         } else {
             vec![keys.key(identity, &policy.name)]
+        }
+    }
+
+    /// `policy` as `identity`'s checks see it: with the parameters of an override, if any.
+    fn effective(&self, identity: &Identity, policy: &Arc<Policy>) -> Arc<Policy> {
+        let control = &self.inner.control;
+        if !control.active() {
+            return Arc::clone(policy);
+        }
+        match control.screen(identity.as_str(), policy, control.clock_ms()) {
+            Screen::Override(with) => with.over(policy),
+            _ => Arc::clone(policy),
         }
     }
 
@@ -65,6 +80,7 @@ impl Limiter {
         identity: &Identity,
         policy: &Arc<Policy>,
     ) -> Result<Decision, StoreError> {
+        let policy = &self.effective(identity, policy);
         let algorithm = policy.shard_algorithm();
         let mut decisions = Vec::new();
         for key in self.state_keys(identity, policy) {
@@ -128,6 +144,7 @@ impl Limiter {
         cost: u64,
         make: fn(u64) -> Adjustment,
     ) -> Result<Decision, StoreError> {
+        let policy = &self.effective(identity, policy);
         let algorithm = policy.shard_algorithm();
         let keys = self.state_keys(identity, policy);
         let n = keys.len() as u64;
@@ -149,6 +166,26 @@ impl Limiter {
         metrics::counter!("sluice_adjustments_total", "policy" => policy.name.clone(), "kind" => make(0).name())
             .increment(1);
         Ok(whole(policy, decisions))
+    }
+}
+
+/// The policy an override stands for, from what the control plane screens it as (the
+/// override's parameters, or the overridden policy whole).
+trait OverridePolicy {
+    fn over(self, base: &Arc<Policy>) -> Arc<Policy>;
+}
+
+impl OverridePolicy for sluice_core::Algorithm {
+    fn over(self, base: &Arc<Policy>) -> Arc<Policy> {
+        let mut p = (**base).clone();
+        p.algorithm = self;
+        Arc::new(p)
+    }
+}
+
+impl OverridePolicy for Arc<Policy> {
+    fn over(self, _base: &Arc<Policy>) -> Arc<Policy> {
+        self
     }
 }
 
