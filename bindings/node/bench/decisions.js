@@ -12,7 +12,10 @@
 
 const { parseArgs } = require('node:util');
 const path = require('node:path');
-const { Limiter, Policy } = require(path.join(__dirname, '..'));
+// SLUICE_NODE_PACKAGE: another copy of the package (scripts/bench-bindings keeps a release
+// build of its own there, so a debug rebuild of bindings/node during a run changes nothing).
+const pkgDir = process.env.SLUICE_NODE_PACKAGE || path.join(__dirname, '..');
+const { Limiter, Policy } = require(pkgDir);
 
 const { values } = parseArgs({
   options: {
@@ -106,7 +109,7 @@ async function main() {
   const cpu = process.cpuUsage(cpu0);
   const sorted = Float64Array.from(latencies).sort();
   const measured = (ended - measureFrom) / 1e9;
-  const pkg = require(path.join(__dirname, '..', 'package.json'));
+  const pkg = require(path.join(pkgDir, 'package.json'));
   console.log(
     JSON.stringify({
       name: `sluice (node) ${values.algorithm}`,
