@@ -15,6 +15,10 @@
 //!   of that was written by the client and proves nothing. IPv6 clients usually hold a whole
 //!   /64, so they are grouped by a prefix (default /64); IPv4 addresses by /32.
 //!
+//! - Cookies and query parameters ([`request`]), verified JWT claims ([`jwt`]; a token that
+//!   does not verify yields nothing, so the request falls back to the client IP), and
+//!   composites of several sources, all resolved to one identity each.
+//!
 //! The socket peer comes from axum's `ConnectInfo<SocketAddr>` extension (serve with
 //! `into_make_service_with_connect_info::<SocketAddr>()`) or a plain `SocketAddr` extension
 //! (plain hyper services insert it themselves).
@@ -28,7 +32,11 @@ use http::request::Parts;
 use http::{HeaderMap, HeaderName};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use sluice::Identity;
-use sluice::core::key::MAX_IDENTITY_LEN;
+
+pub mod jwt;
+pub mod request;
+
+pub use jwt::{JwtAlgorithm, JwtKeyError, JwtVerifier};
 
 /// A closure deriving an identity from the request head.
 pub type IdentityFn = Arc<dyn Fn(&Parts) -> Option<Identity> + Send + Sync>;
@@ -47,6 +55,28 @@ pub enum IdentitySource {
     Extension,
     /// Whatever the closure answers; `None` falls through to the next source.
     Custom(IdentityFn),
+    /// The value of this cookie, always hashed: `cookie:h<hex>` (session cookies are
+    /// credentials).
+    Cookie(String),
+    /// The value of this query parameter, like a header: `qry:<value>`, or
+    /// `qry-hash:h<hex>` when long or not printable.
+    Query(String),
+    /// A claim of the `Authorization: Bearer` JWT, only when the token verifies:
+    /// `jwt-<claim>:<value>` (or `jwt-<claim>-hash:h<hex>`). A token that is malformed,
+    /// badly signed, expired or not yet valid yields nothing.
+    Jwt {
+        /// The claim whose value is the identity (`sub`, `tenant`...).
+        claim: String,
+        /// Checks the token before its claim is read.
+        verifier: Arc<JwtVerifier>,
+    },
+    /// The client address (after trusted proxies), as a source of its own: useful as a part
+    /// of a [`IdentitySource::Composite`].
+    ClientIp,
+    /// Every part, in order, joined into one identity
+    /// ([`request::composite_identity`]); when any part is missing, the composite yields
+    /// nothing (the next source, finally the client IP, decides).
+    Composite(Vec<IdentitySource>),
 }
 
 impl IdentitySource {
@@ -57,6 +87,13 @@ impl IdentitySource {
     /// A header's value, used as is.
     pub fn header(header: &'static str) -> Self {
         IdentitySource::Header(HeaderName::from_static(header))
+    }
+    /// A verified JWT claim.
+    pub fn jwt(claim: impl Into<String>, verifier: JwtVerifier) -> Self {
+        IdentitySource::Jwt {
+            claim: claim.into(),
+            verifier: Arc::new(verifier),
+        }
     }
     /// A closure over the request head.
     pub fn custom(f: impl Fn(&Parts) -> Option<Identity> + Send + Sync + 'static) -> Self {
@@ -72,6 +109,15 @@ impl fmt::Debug for IdentitySource {
             IdentitySource::Bearer => f.write_str("Bearer"),
             IdentitySource::Extension => f.write_str("Extension"),
             IdentitySource::Custom(_) => f.write_str("Custom(..)"),
+            IdentitySource::Cookie(n) => f.debug_tuple("Cookie").field(n).finish(),
+            IdentitySource::Query(n) => f.debug_tuple("Query").field(n).finish(),
+            IdentitySource::Jwt { claim, verifier } => f
+                .debug_struct("Jwt")
+                .field("claim", claim)
+                .field("verifier", verifier)
+                .finish(),
+            IdentitySource::ClientIp => f.write_str("ClientIp"),
+            IdentitySource::Composite(parts) => f.debug_tuple("Composite").field(parts).finish(),
         }
     }
 }
@@ -343,21 +389,12 @@ pub fn api_key_identity(secret: &[u8], hash_key: &[u8; 32]) -> Identity {
 }
 
 /// The identity of a header used as is: `hdr:<value>` for printable ASCII (and tab) up to
-/// [`MAX_IDENTITY_LEN`] bytes. Any other value (bytes beyond ASCII, or longer) is a keyed hash
+/// [`sluice::core::key::MAX_IDENTITY_LEN`] bytes. Any other value (bytes beyond ASCII, or longer) is a keyed hash
 /// of its raw bytes, `hdr-hash:h<hex>`: every distinct value keeps a bucket of its own, the
 /// key stays bounded, and no value can spell the hashed form of another or a client-IP
 /// identity. `None` for an empty value (the next source decides).
 pub fn header_identity(value: &[u8], hash_key: &[u8; 32]) -> Option<Identity> {
-    if value.is_empty() {
-        return None;
-    }
-    // The bytes `HeaderValue::to_str` accepts: tab and visible ASCII.
-    let plain =
-        value.len() <= MAX_IDENTITY_LEN && value.iter().all(|b| matches!(b, b'\t' | 0x20..=0x7e));
-    Some(match std::str::from_utf8(value) {
-        Ok(text) if plain => Identity::new(format!("hdr:{text}")),
-        _ => Identity::credential("hdr-hash", value, hash_key),
-    })
+    request::plain_or_hashed("hdr", value, hash_key)
 }
 
 /// Derives identities from requests: the configured sources in order, then the client IP.
@@ -409,30 +446,52 @@ impl IdentityResolver {
 
     /// The identity of a request.
     pub fn resolve(&self, parts: &Parts) -> Identity {
-        for source in &self.sources {
-            let found = match source {
-                IdentitySource::ApiKey(h) => parts
-                    .headers
-                    .get(h)
-                    .map(|v| v.as_bytes())
-                    .filter(|v| !v.is_empty())
-                    .map(|v| api_key_identity(v, &self.hash_key)),
-                IdentitySource::Header(h) => parts
-                    .headers
-                    .get(h)
-                    .and_then(|v| header_identity(v.as_bytes(), &self.hash_key)),
-                IdentitySource::Bearer => parts
-                    .headers
-                    .get(http::header::AUTHORIZATION)
-                    .and_then(|v| bearer_token(v.as_bytes()))
-                    .map(|t| Identity::credential("bearer", t, &self.hash_key)),
-                IdentitySource::Extension => parts.extensions.get::<Identity>().cloned(),
-                IdentitySource::Custom(f) => f(parts),
-            };
-            if let Some(id) = found {
-                return id;
+        self.sources
+            .iter()
+            .find_map(|source| self.from_source(source, parts))
+            .unwrap_or_else(|| self.client_identity(parts))
+    }
+
+    /// What one source says about a request; `None` when it has nothing to say.
+    pub fn from_source(&self, source: &IdentitySource, parts: &Parts) -> Option<Identity> {
+        let key = &self.hash_key;
+        match source {
+            IdentitySource::ApiKey(h) => parts
+                .headers
+                .get(h)
+                .map(|v| v.as_bytes())
+                .filter(|v| !v.is_empty())
+                .map(|v| api_key_identity(v, key)),
+            IdentitySource::Header(h) => parts
+                .headers
+                .get(h)
+                .and_then(|v| header_identity(v.as_bytes(), key)),
+            IdentitySource::Bearer => {
+                bearer_of(parts).map(|t| Identity::credential("bearer", t, key))
+            }
+            IdentitySource::Extension => parts.extensions.get::<Identity>().cloned(),
+            IdentitySource::Custom(f) => f(parts),
+            IdentitySource::Cookie(name) => request::cookie_value(&parts.headers, name)
+                .and_then(|v| request::cookie_identity(v, key)),
+            IdentitySource::Query(name) => request::query_value(parts.uri.query(), name)
+                .and_then(|v| request::query_identity(&v, key)),
+            IdentitySource::Jwt { claim, verifier } => {
+                let value = verifier.claim(bearer_of(parts)?, claim)?;
+                request::plain_or_hashed(&format!("jwt-{claim}"), value.as_bytes(), key)
+            }
+            IdentitySource::ClientIp => Some(self.client_identity(parts)),
+            IdentitySource::Composite(sources) => {
+                let found = sources
+                    .iter()
+                    .map(|s| self.from_source(s, parts))
+                    .collect::<Option<Vec<_>>>()?;
+                Some(request::composite_identity(&found, key))
             }
         }
+    }
+
+    /// The identity of the request's client address (after trusted proxies).
+    pub fn client_identity(&self, parts: &Parts) -> Identity {
         match peer_addr(&parts.extensions) {
             Some(peer) => self
                 .client_ip
@@ -442,6 +501,13 @@ impl IdentityResolver {
             None => Identity::new("ip:unknown"),
         }
     }
+}
+
+fn bearer_of(parts: &Parts) -> Option<&[u8]> {
+    parts
+        .headers
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| bearer_token(v.as_bytes()))
 }
 
 /// The token of an `Authorization: Bearer <token>` value (scheme case-insensitive).
