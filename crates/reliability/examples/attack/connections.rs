@@ -175,6 +175,20 @@ async fn idle_phase(s: &Sluice, out: &mut Outcome, prefix: &str, idle: usize, so
         &format!("{prefix}healthz_ms_after_release"),
         healthz_ms(s).await,
     );
+    // Cumulative over the server's life: the second phase's figures include the first's.
+    let mut refused = Vec::new();
+    for reason in [
+        "per_ip",
+        "global",
+        "reserve_only",
+        "accept_error",
+        "header_timeout",
+    ] {
+        let label = format!("reason=\"{reason}\"");
+        let n = harness::counter_sum(s, "sluice_connections_rejected_total", &[&label]).await;
+        refused.push(format!("{reason} {n}"));
+    }
+    out.set(&format!("{prefix}rejected_so_far"), refused.join(", "));
 }
 
 /// Under a descriptor limit, one client (from 127.0.0.2) holding more idle sockets than the

@@ -217,6 +217,20 @@ pub(crate) fn attacker_ip(n: usize) -> IpAddr {
     IpAddr::from([127, 0, 0, 2 + n as u8])
 }
 
+/// The sum of a counter's samples in a server's `/metrics` whose labels include every one of
+/// `labels` (`key="value"`); 0 when absent or unreadable.
+pub(crate) async fn counter_sum(s: &Sluice, name: &str, labels: &[&str]) -> u64 {
+    let Ok(r) = get(s.http, "/metrics", Duration::from_secs(5)).await else {
+        return 0;
+    };
+    String::from_utf8_lossy(&r.body)
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
 /// One HTTP answer.
 #[derive(Debug, Clone)]
 pub(crate) struct Answer {

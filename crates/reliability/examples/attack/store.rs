@@ -24,20 +24,6 @@ fn redis() -> RedisServer {
 /// the flood reaches the store path it is about.
 const OVERLOAD_SOURCES: usize = 40;
 
-/// The sum of a counter's samples in a server's `/metrics` whose labels include every one of
-/// `labels` (`key="value"`); 0 when absent or unreadable.
-async fn counter_sum(s: &Sluice, name: &str, labels: &[&str]) -> u64 {
-    let Ok(r) = harness::get(s.http, "/metrics", Duration::from_secs(5)).await else {
-        return 0;
-    };
-    String::from_utf8_lossy(&r.body)
-        .lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
-        .filter(|l| labels.iter().all(|want| l.contains(want)))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
-}
-
 /// 3 `sluice serve` on one Redis with default store settings; 3,000 concurrent checks on one
 /// identity with a limit of 100, from 40 loopback addresses: how many are admitted, how many
 /// as `failed_open`, how many denied because sluice's own queue was saturated.
@@ -111,14 +97,36 @@ pub(crate) async fn overload(a: &Args) -> Outcome {
     }
     let (mut overloaded, mut refused_per_ip) = (0u64, 0u64);
     for s in &servers {
-        overloaded += counter_sum(s, "sluice_store_queue_overloaded_total", &[]).await;
-        refused_per_ip += counter_sum(
+        overloaded += harness::counter_sum(s, "sluice_store_queue_overloaded_total", &[]).await;
+        refused_per_ip += harness::counter_sum(
             s,
             "sluice_connections_rejected_total",
             &["reason=\"per_ip\""],
         )
         .await;
     }
+    // What Redis itself spent: the script calls' count and mean time (INFO commandstats).
+    let stats = redis.cli(&["INFO", "commandstats"]);
+    let scripts: Vec<String> = stats
+        .lines()
+        .filter(|l| l.starts_with("cmdstat_eval") || l.starts_with("cmdstat_fcall"))
+        .filter_map(|l| {
+            let (name, rest) = l.split_once(':')?;
+            let field = |k: &str| {
+                rest.split(',')
+                    .find_map(|f| f.strip_prefix(k))
+                    .unwrap_or("?")
+                    .to_string()
+            };
+            Some(format!(
+                "{} calls={} usec_per_call={}",
+                name.trim_start_matches("cmdstat_"),
+                field("calls="),
+                field("usec_per_call=")
+            ))
+        })
+        .collect();
+    out.set("redis_scripts", scripts.join(", "));
     let count = |k: &str| verdicts.get(k).copied().unwrap_or(0);
     out.set("admitted", allowed);
     out.set("admitted_by_decision", count("decided/true"));
