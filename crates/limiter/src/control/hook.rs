@@ -20,11 +20,11 @@ pub(crate) fn screen(
     if !control.active() {
         return None;
     }
-    let now = control.clock_ms();
+    let now = control.now();
     let mut refused = false;
     for (item, &(identity, policy, _)) in planned.iter_mut().zip(items) {
         let quota = policy.algorithm.quota();
-        let screen = control.screen(identity.as_str(), policy, now);
+        let screen = control.screen_lazy(identity.as_str(), policy, &now);
         item.screened = screen != Screen::Pass;
         match screen {
             Screen::Pass => {}

@@ -28,7 +28,7 @@ use parking_lot::{Mutex, RwLock};
 use sluice_core::{Algorithm, Clock, Policy, StoreError, SystemClock};
 
 pub use tables::{BanEntry, ListEntry, OverrideEntry, OverrideTarget};
-use tables::{ListSet, Tables};
+use tables::{ListSet, Now, Tables};
 
 /// How often an instance on a shared store asks whether the control entries changed.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
@@ -276,7 +276,7 @@ impl ControlPlane {
             .shared
             .tables
             .read()
-            .override_of(policy, identity, now)
+            .override_of(policy, identity, &Now::at(now))
             .map(|o| o.entry.clone()))
     }
 
@@ -342,7 +342,10 @@ impl ControlPlane {
     /// How long `identity` stays banned for `policy`, ms (0: not banned).
     pub fn ban_left_ms(&self, identity: &str, policy: &str) -> u64 {
         let now = self.now_ms();
-        self.shared.tables.read().ban_left_ms(identity, policy, now)
+        self.shared
+            .tables
+            .read()
+            .ban_left_ms(identity, policy, &Now::at(now))
     }
 
     /// Adds `entry` to a list, for `ttl` or until removed.
@@ -394,6 +397,16 @@ impl ControlPlane {
     /// What the control plane says about `identity` under `policy`. Order: deny list, allow
     /// list, ban, override.
     pub(crate) fn screen(&self, identity: &str, policy: &Arc<Policy>, now_ms: u64) -> Screen {
+        self.screen_lazy(identity, policy, &Now::at(now_ms))
+    }
+
+    /// [`Self::screen`] at a time read only if an entry needs it.
+    pub(crate) fn screen_lazy(
+        &self,
+        identity: &str,
+        policy: &Arc<Policy>,
+        now: &Now<'_>,
+    ) -> Screen {
         let configured = self.shared.configured.read();
         let tables = self.shared.tables.read();
         // The identity's address is read once, and only when some list holds a network.
@@ -408,18 +421,18 @@ impl ControlPlane {
         } else {
             None
         };
-        let on = |l: &ListSet| l.contains(identity, ip.as_ref(), now_ms);
+        let on = |l: &ListSet| l.contains(identity, ip.as_ref(), now);
         if on(&configured.deny) || on(&tables.deny) {
             return Screen::Denied;
         }
         if on(&configured.allow) || on(&tables.allow) {
             return Screen::Allowed;
         }
-        let left = tables.ban_left_ms(identity, &policy.name, now_ms);
+        let left = tables.ban_left_ms(identity, &policy.name, now);
         if left > 0 {
             return Screen::Banned(left);
         }
-        let Some(o) = tables.override_of(&policy.name, identity, now_ms) else {
+        let Some(o) = tables.override_of(&policy.name, identity, now) else {
             return Screen::Pass;
         };
         let algorithm = match &o.entry.target {
@@ -440,7 +453,12 @@ impl ControlPlane {
         }
     }
 
-    /// The ms clock of the entries (Unix ms).
+    /// The time of one decision, read from the clock only if an entry needs it.
+    pub(crate) fn now(&self) -> Now<'_> {
+        Now::lazy(&*self.shared.clock)
+    }
+
+    /// The clock of the entries, Unix ms.
     pub(crate) fn clock_ms(&self) -> u64 {
         self.now_ms()
     }
@@ -462,7 +480,13 @@ impl ControlPlane {
             return;
         };
         let now = self.now_ms();
-        if self.shared.tables.read().ban_left_ms(identity, policy, now) > 0 {
+        if self
+            .shared
+            .tables
+            .read()
+            .ban_left_ms(identity, policy, &Now::at(now))
+            > 0
+        {
             return;
         }
         match &self.shared.backend {

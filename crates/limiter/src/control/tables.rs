@@ -8,6 +8,41 @@
 
 use std::collections::HashMap;
 
+/// The time of one decision in Unix ms, read from the clock on first use only: a decision
+/// that meets no entry with an expiry (the usual case) never reads it.
+pub(crate) struct Now<'a> {
+    clock: Option<&'a dyn sluice_core::Clock>,
+    ms: std::cell::Cell<Option<u64>>,
+}
+
+impl<'a> Now<'a> {
+    /// Read from `clock` when first needed.
+    pub(crate) fn lazy(clock: &'a dyn sluice_core::Clock) -> Self {
+        Now {
+            clock: Some(clock),
+            ms: std::cell::Cell::new(None),
+        }
+    }
+
+    /// A time already known.
+    pub(crate) fn at(ms: u64) -> Now<'static> {
+        Now {
+            clock: None,
+            ms: std::cell::Cell::new(Some(ms)),
+        }
+    }
+
+    /// The time, Unix ms.
+    pub(crate) fn ms(&self) -> u64 {
+        if let Some(ms) = self.ms.get() {
+            return ms;
+        }
+        let ms = self.clock.map_or(0, |c| c.now() / 1000);
+        self.ms.set(Some(ms));
+        ms
+    }
+}
+
 /// The maps every decision reads: foldhash instead of SipHash, since each check hashes its
 /// identity several times; the tables hold only what operators and the ban rules wrote.
 type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
@@ -154,8 +189,8 @@ impl ListSet {
 
     /// Whether `identity` (whose address or network is `ip`, see [`ip_of_identity`]) is on
     /// the list at `now_ms`.
-    pub(crate) fn contains(&self, identity: &str, ip: Option<&IpNet>, now_ms: u64) -> bool {
-        let live = |e: &Option<u64>| e.is_none_or(|t| t > now_ms);
+    pub(crate) fn contains(&self, identity: &str, ip: Option<&IpNet>, now: &Now<'_>) -> bool {
+        let live = |e: &Option<u64>| e.is_none_or(|t| t > now.ms());
         if self.exact.get(identity).is_some_and(live) {
             return true;
         }
@@ -256,19 +291,20 @@ impl Tables {
         &self,
         policy: &str,
         identity: &str,
-        now_ms: u64,
+        now: &Now<'_>,
     ) -> Option<&OverrideSlot> {
         self.overrides
             .get(policy)?
             .get(identity)
-            .filter(|o| o.entry.expires_at_ms.is_none_or(|t| t > now_ms))
+            .filter(|o| o.entry.expires_at_ms.is_none_or(|t| t > now.ms()))
     }
 
     /// How long `identity` stays banned for `policy`, in ms (0 = not banned).
-    pub(crate) fn ban_left_ms(&self, identity: &str, policy: &str, now_ms: u64) -> u64 {
+    pub(crate) fn ban_left_ms(&self, identity: &str, policy: &str, now: &Now<'_>) -> u64 {
         let Some(bans) = self.bans.get(identity) else {
             return 0;
         };
+        let now_ms = now.ms();
         bans.iter()
             .filter(|b| b.until_ms > now_ms)
             .filter(|b| {
@@ -378,7 +414,7 @@ mod tests {
         impl Check {
             fn contains(&self, identity: &str, now: u64) -> bool {
                 self.0
-                    .contains(identity, ip_of_identity(identity).as_ref(), now)
+                    .contains(identity, ip_of_identity(identity).as_ref(), &Now::at(now))
             }
             fn insert(&mut self, e: &ListEntry, expires: Option<u64>) {
                 self.0.insert(e, expires)
@@ -419,7 +455,7 @@ mod tests {
         assert_eq!(ban.policies, Some(vec!["a".to_string(), "b".to_string()]));
         let mut t = Tables::default();
         t.add_ban("u", ban);
-        assert_eq!(t.ban_left_ms("u", "a", 90), 9);
-        assert_eq!(t.ban_left_ms("u", "c", 90), 0, "out of scope");
+        assert_eq!(t.ban_left_ms("u", "a", &Now::at(90)), 9);
+        assert_eq!(t.ban_left_ms("u", "c", &Now::at(90)), 0, "out of scope");
     }
 }
