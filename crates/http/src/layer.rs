@@ -13,6 +13,12 @@
 //!    list of the limiter's control plane), or sleeps the shaping delay
 //!    and calls the inner service, adding the RateLimit headers to its response.
 //!
+//! A rule that counts by outcome ([`crate::count`]) checks without consuming in step 3 and,
+//! once the inner service has answered with a status it counts, charges the cost; the
+//! headers then describe the state after the charge. A charge the store fails follows the
+//! failure mode: fail-open policies let the response through uncharged, a fail-closed one
+//! replaces it with the fail-closed status.
+//!
 //! Concurrency policies hold a lease while the request runs. The lease sits in a
 //! [`LeaseGuard`] that releases it when dropped; the guard lives in the request's future and
 //! then in the response body ([`RateLimitBody`]), so it is released when the body ends, and
@@ -32,6 +38,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use sluice::{Checked, DenyReason, Identity, Lease, Limiter, Policy, Verdict};
 
+use crate::count::{self, Charged};
 use crate::headers::{self, HeaderOptions};
 use crate::identity::{ClientIpConfig, IdentityResolver, IdentitySource, TrustedProxies};
 pub use crate::rule::Rule;
@@ -45,6 +52,8 @@ pub struct RateLimitStats {
     failed_open: AtomicU64,
     failed_closed: AtomicU64,
     unlimited: AtomicU64,
+    charged: AtomicU64,
+    charge_failed: AtomicU64,
 }
 
 /// A copy of [`RateLimitStats`] at one moment.
@@ -60,6 +69,10 @@ pub struct StatsSnapshot {
     pub failed_closed: u64,
     /// Requests no rule applied to.
     pub unlimited: u64,
+    /// Responses charged after the fact (rules that count by outcome).
+    pub charged: u64,
+    /// Charges after the response that the store failed (then the failure mode applies).
+    pub charge_failed: u64,
 }
 
 impl RateLimitStats {
@@ -71,6 +84,8 @@ impl RateLimitStats {
             failed_open: self.failed_open.load(Ordering::Relaxed),
             failed_closed: self.failed_closed.load(Ordering::Relaxed),
             unlimited: self.unlimited.load(Ordering::Relaxed),
+            charged: self.charged.load(Ordering::Relaxed),
+            charge_failed: self.charge_failed.load(Ordering::Relaxed),
         }
     }
 
@@ -408,13 +423,15 @@ where
             }
             let (mut parts, body) = req.into_parts();
             let identity = shared.resolver.resolve(&parts);
-            let mut checked = {
+            let mut checked = if rule.count.is_all() {
                 let items: Vec<(&Identity, &Arc<Policy>, u64)> = rule
                     .policies
                     .iter()
                     .map(|p| (&identity, p, rule.cost))
                     .collect();
                 shared.limiter.check_many(&items).await
+            } else {
+                count::precheck(&shared.limiter, &identity, &rule.policies, rule.cost).await
             };
             // From here on, leases are released whatever happens to this future.
             let guard =
@@ -445,8 +462,33 @@ where
             if delay > 0 {
                 tokio::time::sleep(Duration::from_millis(delay)).await;
             }
+            let charge_as = (!rule.count.is_all()).then(|| identity.clone());
             parts.extensions.insert(RateLimitIdentity(identity));
             let mut res = inner.call(Request::from_parts(parts, body)).await?;
+            if let Some(identity) = charge_as
+                && rule.count.counts(res.status())
+            {
+                checked = match count::charge(&shared.limiter, &identity, checked, rule.cost).await
+                {
+                    Charged::Done(after) => {
+                        shared.stats.count(&shared.stats.charged, "charged");
+                        after
+                    }
+                    Charged::FailedOpen(after) => {
+                        shared
+                            .stats
+                            .count(&shared.stats.charge_failed, "charge_failed_open");
+                        after
+                    }
+                    Charged::FailedClosed(after) => {
+                        shared
+                            .stats
+                            .count(&shared.stats.charge_failed, "charge_failed_closed");
+                        let res = headers::store_unavailable(&after, shared.fail_closed_status);
+                        return Ok(res.map(RateLimitBody::full));
+                    }
+                };
+            }
             // Merged, not replaced: an inner sluice layer (the proxy nests one per identity
             // source) has already described its own policies on this response.
             headers::merge_rate_limit_headers(&checked, &shared.headers, res.headers_mut());

@@ -9,6 +9,8 @@
 //!   supplied by the application, and the client IP behind trusted proxies only.
 //! - [`rule`]: [`Rule`], which policies apply to which paths and methods (the layer and the
 //!   `sluice serve` proxy match requests with it alike).
+//! - [`count`]: [`Count`], which responses a rule charges for (all, successes, failures or
+//!   listed statuses), and the check-without-consuming then charge-after-the-response steps.
 //! - [`layer`]: [`RateLimitLayer`] and its service: the check, denials answered in `call`,
 //!   shaping delays and concurrency leases held until the response body ends.
 //!
@@ -16,11 +18,13 @@
 //! to configure trusted proxies.
 #![forbid(unsafe_code)]
 
+pub mod count;
 pub mod headers;
 pub mod identity;
 pub mod layer;
 pub mod rule;
 
+pub use count::Count;
 pub use headers::{HeaderOptions, rate_limit_headers, too_many_requests};
 pub use identity::{ClientIpConfig, IdentityResolver, IdentitySource, TrustedProxies};
 pub use layer::{

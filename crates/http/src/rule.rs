@@ -10,6 +10,8 @@ use std::sync::Arc;
 use http::Method;
 use sluice::Policy;
 
+use crate::count::Count;
+
 /// Which policies apply to the requests under a path prefix (and optionally some methods).
 #[derive(Debug, Clone)]
 pub struct Rule {
@@ -17,6 +19,7 @@ pub struct Rule {
     pub(crate) methods: Vec<Method>,
     pub(crate) policies: Vec<Arc<Policy>>,
     pub(crate) cost: u64,
+    pub(crate) count: Count,
 }
 
 impl Rule {
@@ -32,6 +35,7 @@ impl Rule {
             methods: Vec::new(),
             policies: Vec::new(),
             cost: 1,
+            count: Count::All,
         }
     }
     /// Only these methods (default: any). For the same prefix, a rule naming the method wins
@@ -48,6 +52,14 @@ impl Rule {
     /// The cost of one request (default 1).
     pub fn cost(mut self, cost: u64) -> Self {
         self.cost = cost;
+        self
+    }
+
+    /// Which responses the cost is charged for (default [`Count::All`]: every request,
+    /// consumed before it is forwarded). Any other choice checks without consuming before
+    /// forwarding and charges once the response status is known; see [`crate::count`].
+    pub fn count(mut self, count: Count) -> Self {
+        self.count = count;
         self
     }
 

@@ -1,0 +1,186 @@
+//! Rules that count by outcome, over real HTTP on 127.0.0.1:0: a login route that counts only
+//! 401s, a route that counts only successes, and a charge the store fails after the response.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get as route;
+use http::StatusCode;
+use sluice::{Algorithm, FailureMode, Limiter, Policy};
+use sluice_http::{Count, RateLimitLayer, Rule};
+use support::get;
+
+fn fixed(name: &str, limit: u64) -> Policy {
+    Policy::new(
+        name,
+        Algorithm::FixedWindow {
+            limit,
+            window_ms: 60_000,
+        },
+    )
+    .unwrap()
+}
+
+/// 200 for the right password, 401 for any other.
+async fn login(uri: http::Uri) -> StatusCode {
+    if uri.query() == Some("password=right") {
+        StatusCode::OK
+    } else {
+        StatusCode::UNAUTHORIZED
+    }
+}
+
+fn app(rule: Rule) -> (Router, RateLimitLayer) {
+    let layer = RateLimitLayer::builder(Limiter::memory())
+        .rule(rule)
+        .build();
+    let router = Router::new()
+        .route("/login", route(login))
+        .route("/ok", route(|| async { "ok" }))
+        .route(
+            "/broken",
+            route(|| async { StatusCode::INTERNAL_SERVER_ERROR }),
+        )
+        .layer(layer.clone());
+    (router, layer)
+}
+
+#[tokio::test]
+async fn a_login_route_counting_401s_admits_any_number_of_successes_and_stops_after_3_failures() {
+    let rule = Rule::new("/login")
+        .policy(fixed("login", 3))
+        .count(Count::statuses([401]).unwrap());
+    let (router, layer) = app(rule);
+    let addr = support::serve(router).await;
+
+    for _ in 0..50 {
+        let r = get(addr, "/login?password=right", &[]).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert!(
+            r.header("ratelimit").unwrap().contains(";r=3;"),
+            "{:?}",
+            r.header("ratelimit")
+        );
+    }
+    for left in [2, 1, 0] {
+        let r = get(addr, "/login?password=wrong", &[]).await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+        // The headers describe the state after this response's charge.
+        let header = r.header("ratelimit").unwrap();
+        assert!(header.contains(&format!(";r={left};")), "{header}");
+    }
+    // The fourth request is refused before the upstream sees it, whatever it would answer.
+    for password in ["right", "wrong"] {
+        let r = get(addr, &format!("/login?password={password}"), &[]).await;
+        assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+        let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+        assert!((1..=60).contains(&retry), "{retry}");
+    }
+    let stats = layer.stats().snapshot();
+    assert_eq!((stats.allowed, stats.denied, stats.charged), (53, 2, 3));
+}
+
+#[tokio::test]
+async fn a_route_counting_successes_lets_errors_through_and_stops_after_3_successes() {
+    let rule = Rule::new("/")
+        .policy(fixed("successes", 3))
+        .count(Count::Successes);
+    let (router, _layer) = app(rule);
+    let addr = support::serve(router).await;
+
+    for _ in 0..20 {
+        let r = get(addr, "/broken", &[]).await;
+        assert_eq!(r.status, StatusCode::INTERNAL_SERVER_ERROR);
+    }
+    for _ in 0..3 {
+        assert_eq!(get(addr, "/ok", &[]).await.status, StatusCode::OK);
+    }
+    assert_eq!(
+        get(addr, "/ok", &[]).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        get(addr, "/broken", &[]).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn a_cost_larger_than_what_is_left_is_refused_before_forwarding() {
+    let rule = Rule::new("/")
+        .policy(fixed("failures", 5))
+        .cost(2)
+        .count(Count::Failures);
+    let (router, _layer) = app(rule);
+    let addr = support::serve(router).await;
+    // 2 + 2 charged; 1 left is less than the cost of 2.
+    for _ in 0..2 {
+        assert_eq!(
+            get(addr, "/broken", &[]).await.status,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+    }
+    assert_eq!(
+        get(addr, "/ok", &[]).await.status,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+/// A route whose handler stops the Redis server and then answers 401, so the check before
+/// forwarding reaches the store and the charge after the response does not.
+async fn charge_fails(mode: FailureMode) -> (StatusCode, sluice_http::StatsSnapshot) {
+    let server = Arc::new(Mutex::new(sluice_testkit::servers::RedisServer::redis()));
+    let store = sluice_redis::RedisStore::builder(server.lock().unwrap().url())
+        .namespace("http-count-outcome")
+        .connect()
+        .await
+        .unwrap();
+    let limiter = Limiter::builder(Arc::new(store))
+        .timeout(Duration::from_millis(100))
+        .build();
+    let mut policy = fixed("login", 3);
+    policy.failure_mode = mode;
+    let layer = RateLimitLayer::builder(limiter)
+        .rule(
+            Rule::new("/")
+                .policy(policy)
+                .count(Count::statuses([401]).unwrap()),
+        )
+        .build();
+    let stop = Arc::clone(&server);
+    let router = Router::new()
+        .route(
+            "/stop",
+            route(move || {
+                let stop = Arc::clone(&stop);
+                async move {
+                    stop.lock().unwrap().stop();
+                    StatusCode::UNAUTHORIZED
+                }
+            }),
+        )
+        .layer(layer.clone());
+    let addr = support::serve(router).await;
+    let status = get(addr, "/stop", &[]).await.status;
+    (status, layer.stats().snapshot())
+}
+
+#[tokio::test]
+async fn a_failed_charge_follows_the_failure_mode() {
+    let (status, stats) = charge_fails(FailureMode::Open).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        (stats.allowed, stats.charged, stats.charge_failed),
+        (1, 0, 1)
+    );
+
+    let (status, stats) = charge_fails(FailureMode::Closed).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        (stats.allowed, stats.charged, stats.charge_failed),
+        (1, 0, 1)
+    );
+}
