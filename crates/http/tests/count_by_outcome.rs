@@ -133,7 +133,8 @@ async fn a_cost_larger_than_what_is_left_is_refused_before_forwarding() {
 /// forwarding reaches the store and the charge after the response does not.
 async fn charge_fails(mode: FailureMode) -> (StatusCode, sluice_http::StatsSnapshot) {
     let server = Arc::new(Mutex::new(sluice_testkit::servers::RedisServer::redis()));
-    let store = sluice_redis::RedisStore::builder(server.lock().unwrap().url())
+    let url = server.lock().unwrap().url();
+    let store = sluice_redis::RedisStore::builder(url)
         .namespace("http-count-outcome")
         .connect()
         .await
