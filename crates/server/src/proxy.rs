@@ -113,7 +113,7 @@ fn build_table(rt: &Runtime, client: HttpClient) -> Table {
             }
         }
         for (first, policies) in groups.into_iter().rev() {
-            let mut rule = Rule::new("/");
+            let mut rule = Rule::new("/").count(route.count.clone());
             for p in policies {
                 rule = rule.policy(p);
             }

@@ -574,3 +574,97 @@ upstream = "http://{up}"
     s.stop().await;
     drop((queued, full));
 }
+
+/// An upstream login form: `?password=right` is 200, anything else 401.
+async fn login_upstream() -> SocketAddr {
+    let app = axum::Router::new().fallback(|uri: http::Uri| async move {
+        if uri.query() == Some("password=right") {
+            http::StatusCode::OK
+        } else {
+            http::StatusCode::UNAUTHORIZED
+        }
+    });
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    addr
+}
+
+#[tokio::test]
+async fn routes_count_only_the_statuses_they_name() {
+    let up = login_upstream().await;
+    let s = start(&format!(
+        r#"
+[policies.logins]
+algorithm = "fixed-window"
+limit = 3
+window = "1m"
+
+[policies.exports]
+algorithm = "fixed-window"
+limit = 3
+window = "1m"
+
+[[routes]]
+prefix = "/login"
+policies = ["logins"]
+count = [401]
+upstream = "http://{up}"
+
+[[routes]]
+prefix = "/export"
+policies = ["exports"]
+count = "successes"
+upstream = "http://{up}"
+"#
+    ))
+    .await;
+    let c = client();
+    let status = |path: &'static str| {
+        let c = c.clone();
+        let url = s.proxy_url(path);
+        async move { c.get(url).send().await.unwrap().status().as_u16() }
+    };
+    for _ in 0..50 {
+        assert_eq!(status("/login?password=right").await, 200);
+    }
+    for _ in 0..3 {
+        assert_eq!(status("/login?password=wrong").await, 401);
+    }
+    let denied = c
+        .get(s.proxy_url("/login?password=right"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(denied.status(), 429);
+    assert!(denied.headers().contains_key("retry-after"));
+    assert_eq!(status("/login?password=wrong").await, 429);
+
+    // Failures pass a route counting successes; three successes use it up.
+    for _ in 0..10 {
+        assert_eq!(status("/export?password=wrong").await, 401);
+    }
+    for _ in 0..3 {
+        assert_eq!(status("/export?password=right").await, 200);
+    }
+    assert_eq!(status("/export?password=wrong").await, 429);
+    s.stop().await;
+}
+
+#[test]
+fn an_unknown_count_is_refused_with_its_field() {
+    let src = |count: &str| {
+        format!(
+            "[policies.p]\nalgorithm = \"fixed-window\"\nlimit = 3\nwindow = \"1m\"\n\n\
+             [[routes]]\nprefix = \"/\"\npolicies = [\"p\"]\ncount = {count}\n\
+             upstream = \"http://127.0.0.1:9\"\n"
+        )
+    };
+    for bad in ["\"errors\"", "[99]", "[]", "[70000]"] {
+        let err = sluice_server::config::Config::parse(&src(bad), "t.toml", None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("routes[0].count"), "{bad}: {err}");
+    }
+    assert!(sluice_server::config::Config::parse(&src("\"failures\""), "t.toml", None).is_ok());
+}

@@ -80,6 +80,8 @@ pub struct Route {
     pub policies: Vec<String>,
     /// Where admitted requests go (`http://host:port`, optionally with a base path).
     pub upstream: http::Uri,
+    /// Which responses are charged (`count = "failures"` etc.; default every request).
+    pub count: sluice_http::Count,
 }
 
 /// The listeners.

@@ -104,6 +104,7 @@ pub(super) struct RawRoute {
     #[serde(default)]
     pub policies: Vec<Spanned<String>>,
     pub upstream: Spanned<String>,
+    pub count: Option<Spanned<super::routes::RawCount>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

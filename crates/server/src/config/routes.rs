@@ -3,12 +3,37 @@
 
 use std::time::Duration;
 
-use sluice_http::TrustedProxies;
+use serde::Deserialize;
+use sluice_http::{Count, TrustedProxies};
 
 use super::check::duration;
 use super::error::Checker;
 use super::raw::{RawConfig, RawProxy};
 use super::{ProxyConfig, Route};
+
+/// `count` as written: `"all" | "successes" | "failures"` or a list of statuses.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub(super) enum RawCount {
+    Named(String),
+    Statuses(Vec<i64>),
+}
+
+/// The route's [`Count`]; an unknown name or a status outside 100..=599 is an error.
+fn check_count(raw: &RawCount) -> Result<Count, String> {
+    match raw {
+        RawCount::Named(name) => Count::named(name),
+        RawCount::Statuses(list) => {
+            let statuses = list
+                .iter()
+                .map(|&s| {
+                    u16::try_from(s).map_err(|_| format!("invalid status {s}: expected 100 to 599"))
+                })
+                .collect::<Result<Vec<u16>, String>>()?;
+            Count::statuses(statuses)
+        }
+    }
+}
 
 /// Checks every `[[routes]]`; a route's policies must exist. Sorted longest prefix first.
 pub(super) fn check_routes(ck: &mut Checker<'_>, raw: &RawConfig) -> Vec<Route> {
@@ -80,12 +105,21 @@ pub(super) fn check_routes(ck: &mut Checker<'_>, raw: &RawConfig) -> Vec<Route> 
                 None
             }
         };
+        let count = match &rr.count {
+            None => Count::All,
+            Some(c) => check_count(c.get_ref()).unwrap_or_else(|e| {
+                ck.at(c.span(), format!("{field}.count"), e);
+                ok = false;
+                Count::All
+            }),
+        };
         if let (true, Some(upstream)) = (ok, upstream) {
             routes.push(Route {
                 prefix: rr.prefix.get_ref().clone(),
                 methods,
                 policies: rr.policies.iter().map(|p| p.get_ref().clone()).collect(),
                 upstream,
+                count,
             });
         }
     }
