@@ -9,6 +9,8 @@
 //! separate layers, one inside the other (one all-or-nothing check per identity); each layer
 //! adds its policies to the `RateLimit` and `RateLimit-Policy` lists, so the response
 //! describes every policy of the route. Routes are matched with the layer's own [`Rule`].
+//! A route's `count` becomes each of its layers' [`sluice_http::Count`]: with anything but
+//! `"all"` a layer checks without consuming and charges once the upstream's status is known.
 //!
 //! Forwarding streams both bodies (nothing is buffered), drops hop-by-hop headers, and appends
 //! the client's address to `X-Forwarded-For` so the upstream sees who called. Connecting to an
