@@ -312,7 +312,8 @@ fn parse(
     let store = store::check_store(&mut ck, &raw.store);
     let admin_token = server::check_admin_token(&mut ck, &raw);
     let identity_hash_key = server::check_identity_hash_key(&mut ck, &raw);
-    let policies = policy::check_policies(&mut ck, &raw, store.failure_mode);
+    let jwt = identity::check_jwt(&mut ck, &raw, dir);
+    let policies = policy::check_policies(&mut ck, &raw, store.failure_mode, jwt.as_ref());
     let routes = routes::check_routes(&mut ck, &raw);
     let proxy = routes::check_proxy(&mut ck, &raw.proxy);
     let envoy = envoy::check_envoy(&mut ck, &raw, dir);

@@ -25,6 +25,7 @@ pub(super) fn check_policies(
     ck: &mut Checker<'_>,
     raw: &RawConfig,
     default_failure: FailureMode,
+    jwt: Option<&Arc<sluice_http::identity::JwtVerifier>>,
 ) -> BTreeMap<String, PolicyConfig> {
     let mut policies = BTreeMap::new();
     for (name, p) in &raw.policies {
@@ -34,7 +35,7 @@ pub(super) fn check_policies(
             ck.at(name.span(), &field, e.to_string());
             continue;
         }
-        if let Some(pc) = check_policy(ck, n, p, default_failure, raw.shadow) {
+        if let Some(pc) = check_policy(ck, n, p, default_failure, raw.shadow, jwt) {
             policies.insert(n.clone(), pc);
         }
     }
@@ -47,6 +48,7 @@ fn check_policy(
     p: &Spanned<RawPolicy>,
     default_failure: FailureMode,
     global_shadow: bool,
+    jwt: Option<&Arc<sluice_http::identity::JwtVerifier>>,
 ) -> Option<PolicyConfig> {
     let f = |k: &str| format!("policies.{name}.{k}");
     let r = p.get_ref();
@@ -180,10 +182,17 @@ fn check_policy(
     };
     let identity = match &r.identity {
         None => IdentitySource::Ip,
-        Some(i) => i.get_ref().parse().unwrap_or_else(|e| {
-            ck.at(i.span(), f("identity"), e);
-            IdentitySource::Ip
-        }),
+        Some(i) => match IdentitySource::from_raw(i.get_ref()) {
+            Ok(src) if src.uses_jwt() && jwt.is_none() && !ck.skip_env_secrets => {
+                ck.at(i.span(), f("identity"), "jwt:CLAIM needs a [jwt] key (missing or unusable) to verify tokens");
+                src
+            }
+            Ok(src) => src,
+            Err(e) => {
+                ck.at(i.span(), f("identity"), e);
+                IdentitySource::Ip
+            }
+        },
     };
     if ck.errors.len() != before {
         return None;
@@ -197,7 +206,7 @@ fn check_policy(
     };
     Some(PolicyConfig {
         policy: Arc::new(policy),
-        layer_identity: identity.layer_source(),
+        layer_identity: identity.layer_source(jwt),
         identity,
     })
 }

@@ -8,6 +8,7 @@ use serde::de::{self, Deserializer, Visitor};
 use toml::Spanned;
 
 use super::control::{ParamsText, RawBan, RawLists};
+use super::identity::{RawIdentity, RawJwt};
 use crate::descriptors::DomainFile;
 
 #[derive(Debug, Deserialize)]
@@ -35,6 +36,7 @@ pub(super) struct RawConfig {
     pub plans: BTreeMap<Spanned<String>, BTreeMap<Spanned<String>, Spanned<ParamsText>>>,
     #[serde(default)]
     pub lists: RawLists,
+    pub jwt: Option<Spanned<RawJwt>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -87,7 +89,7 @@ pub(super) struct RawPolicy {
     pub window: Option<Spanned<RawDuration>>,
     pub mode: Option<Spanned<String>>,
     pub lease: Option<Spanned<RawDuration>>,
-    pub identity: Option<Spanned<String>>,
+    pub identity: Option<Spanned<RawIdentity>>,
     pub failure_mode: Option<Spanned<String>>,
     #[serde(default)]
     pub shadow: bool,
