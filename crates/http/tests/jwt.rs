@@ -4,8 +4,6 @@
 
 mod support;
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use axum::routing::get as route;
 use axum::{Extension, Router};
 use jsonwebtoken::{Algorithm as JwtAlg, EncodingKey, Header};
@@ -21,11 +19,9 @@ const ES_PUBLIC: &[u8] = include_bytes!("fixtures/es256-public.pem");
 const RS_PRIVATE: &[u8] = include_bytes!("fixtures/rs256-private.pem");
 const RS_PUBLIC: &[u8] = include_bytes!("fixtures/rs256-public.pem");
 
+/// The clock the verifier checks `exp` and `nbf` against.
 fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
+    jsonwebtoken::get_current_timestamp()
 }
 
 fn two_a_minute() -> Policy {
