@@ -342,23 +342,23 @@ mod tests {
             (policy("[\"ip\", \"global\"]"), "global cannot be part"),
             (policy("[\"ip\", \"nope\"]"), "unknown identity source"),
             (
-                format!("[jwt]\nalgorithm = \"HS256\"\nsecret = \"short\"\n"),
+                "[jwt]\nalgorithm = \"HS256\"\nsecret = \"short\"\n".to_string(),
                 "at least 32 bytes",
             ),
             (
-                format!("[jwt]\nalgorithm = \"HS512\"\nsecret = \"x\"\n"),
+                "[jwt]\nalgorithm = \"HS512\"\nsecret = \"x\"\n".to_string(),
                 "unsupported JWT algorithm",
             ),
             (
-                format!("[jwt]\nalgorithm = \"RS256\"\nsecret = \"x\"\n"),
+                "[jwt]\nalgorithm = \"RS256\"\nsecret = \"x\"\n".to_string(),
                 "take `public_key`",
             ),
             (
-                format!("[jwt]\nalgorithm = \"HS256\"\npublic_key = \"k.pem\"\n"),
+                "[jwt]\nalgorithm = \"HS256\"\npublic_key = \"k.pem\"\n".to_string(),
                 "HS256 takes `secret`",
             ),
             (
-                format!("[jwt]\nalgorithm = \"ES256\"\npublic_key = \"/nonexistent/k.pem\"\n"),
+                "[jwt]\nalgorithm = \"ES256\"\npublic_key = \"/nonexistent/k.pem\"\n".to_string(),
                 "/nonexistent/k.pem",
             ),
         ];
