@@ -513,7 +513,10 @@ upstream = "http://{up}"
         (v["allowed"].as_bool(), v["remaining"].as_u64()),
         (Some(true), Some(3))
     );
-    assert_eq!(redis_keys(redis.port).await, std::slice::from_ref(&proxy_key));
+    assert_eq!(
+        redis_keys(redis.port).await,
+        std::slice::from_ref(&proxy_key)
+    );
     assert!(
         !proxy_key.contains(secret) && !proxy_key.contains("sk_live"),
         "{proxy_key}"

@@ -78,7 +78,10 @@ async fn read_reset_charge_refund_on_the_embedded_store() {
         );
         // 3 tokens at 1 per hour, less the few ms (at most a second) since the check.
         let reset = v["reset_after_ms"].as_u64().unwrap();
-        assert!((3 * 3_600_000 - 1000..=3 * 3_600_000).contains(&reset), "{v}");
+        assert!(
+            (3 * 3_600_000 - 1000..=3 * 3_600_000).contains(&reset),
+            "{v}"
+        );
     }
     // Changing state needs the admin token.
     let (status, v) = call(&s, reqwest::Method::DELETE, "/v1/state", "app", who.clone()).await;

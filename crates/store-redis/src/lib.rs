@@ -33,12 +33,12 @@ pub mod sharding;
 pub mod store;
 pub mod url;
 
+/// The Redis client crate, for callers of [`RedisStore::command`].
+#[cfg(feature = "client")]
+pub use redis;
 #[cfg(feature = "client")]
 pub use scripts::{function_library, scripts};
 #[cfg(feature = "client")]
 pub use sharding::shard_algorithm;
 #[cfg(feature = "client")]
 pub use store::{RedisOptions, RedisStore, RedisStoreBuilder, ScriptMode, connect};
-/// The Redis client crate, for callers of [`RedisStore::command`].
-#[cfg(feature = "client")]
-pub use redis;

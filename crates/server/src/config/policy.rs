@@ -184,7 +184,11 @@ fn check_policy(
         None => IdentitySource::Ip,
         Some(i) => match IdentitySource::from_raw(i.get_ref()) {
             Ok(src) if src.uses_jwt() && jwt.is_none() && !ck.skip_env_secrets => {
-                ck.at(i.span(), f("identity"), "jwt:CLAIM needs a [jwt] key (missing or unusable) to verify tokens");
+                ck.at(
+                    i.span(),
+                    f("identity"),
+                    "jwt:CLAIM needs a [jwt] key (missing or unusable) to verify tokens",
+                );
                 src
             }
             Ok(src) => src,
