@@ -49,7 +49,16 @@ async fn invoke(
                         .arg("REPLACE")
                         .arg(scripts::FUNCTION_LIBRARY);
                     conn.query(&load).await?;
-                    conn.query(&cmd).await
+                    match conn.query(&cmd).await {
+                        // Flushed again between the load and the call: the same logic as a
+                        // script, which carries its own body and cannot go missing.
+                        Err(e) if is_missing_function(&e) => {
+                            let mut eval = redis::cmd("EVAL");
+                            eval.arg(lua.src).arg(keys.len()).arg(keys).arg(args);
+                            conn.query(&eval).await
+                        }
+                        r => r,
+                    }
                 }
                 r => r,
             }
