@@ -556,7 +556,9 @@ mod tests {
         let fast = FastClock::new();
         let (a, wall, b) = (fast.now(), SystemClock.now(), fast.now());
         assert!(a <= b);
-        // Within 50 ms of the wall clock right after creation.
-        assert!(wall.abs_diff(a) < 50_000, "fast {a} wall {wall}");
+        // Close to the wall clock right after creation. The bound leaves room for the
+        // calibration and for a busy machine descheduling this thread between the reads (50 ms
+        // was seen exceeded under a parallel build); a wrong epoch or unit is off by far more.
+        assert!(wall.abs_diff(a) < 1_000_000, "fast {a} wall {wall}");
     }
 }
