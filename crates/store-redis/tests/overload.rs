@@ -22,6 +22,19 @@ struct Tally {
     other_errors: Vec<StoreError>,
 }
 
+impl Tally {
+    /// Counts one check's outcome.
+    fn add(&mut self, outcome: Result<sluice_core::MultiDecision, StoreError>) {
+        match outcome {
+            Ok(d) if d.allowed => self.admitted += 1,
+            Ok(_) => self.denied += 1,
+            Err(StoreError::Timeout(_)) => self.timeouts += 1,
+            Err(StoreError::Overloaded(_)) => self.overloaded += 1,
+            Err(e) => self.other_errors.push(e),
+        }
+    }
+}
+
 /// `BURST` checks of one key, all started at once on the calling (current-thread) runtime,
 /// so the later ones spend a long time queued behind the earlier ones.
 async fn burst(store: Arc<RedisStore>, key: &str) -> Tally {
@@ -44,13 +57,7 @@ async fn burst(store: Arc<RedisStore>, key: &str) -> Tally {
     }
     let mut tally = Tally::default();
     for t in tasks {
-        match t.await.expect("check task panicked") {
-            Ok(d) if d.allowed => tally.admitted += 1,
-            Ok(_) => tally.denied += 1,
-            Err(StoreError::Timeout(_)) => tally.timeouts += 1,
-            Err(StoreError::Overloaded(_)) => tally.overloaded += 1,
-            Err(e) => tally.other_errors.push(e),
-        }
+        tally.add(t.await.expect("check task panicked"));
     }
     tally
 }
@@ -128,13 +135,7 @@ async fn a_stalled_process_is_overloaded_not_a_store_timeout() {
         tokio::task::yield_now().await;
         std::thread::sleep(Duration::from_millis(60));
         for t in tasks {
-            match t.await.expect("check task panicked") {
-                Ok(d) if d.allowed => tally.admitted += 1,
-                Ok(_) => tally.denied += 1,
-                Err(StoreError::Timeout(_)) => tally.timeouts += 1,
-                Err(StoreError::Overloaded(_)) => tally.overloaded += 1,
-                Err(e) => tally.other_errors.push(e),
-            }
+            tally.add(t.await.expect("check task panicked"));
         }
     }
     eprintln!("{tally:?}");
