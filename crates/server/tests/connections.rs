@@ -310,6 +310,51 @@ async fn a_stalled_body_ends_with_408() {
     s.stop().await;
 }
 
+/// Opens `n` connections, each in the middle of a request: a `/v1/check` head whose body
+/// never comes (so each holds a request in flight until `body_timeout`).
+async fn hold_busy(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
+    let mut held = Vec::with_capacity(n);
+    for _ in 0..n {
+        let mut s = TcpStream::connect(addr).await.unwrap();
+        s.write_all(
+            b"POST /v1/check HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
+        )
+        .await
+        .unwrap();
+        held.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    held
+}
+
+/// Opens `n` connections that send nothing, from `addresses` loopback addresses
+/// (127.0.0.2 and up) in turn, as a few clients behind the per-IP cap would.
+async fn hold_from(addr: SocketAddr, n: usize, addresses: u8) -> Vec<TcpStream> {
+    let mut held = Vec::with_capacity(n);
+    for i in 0..n {
+        let from: SocketAddr = format!("127.0.0.{}:0", 2 + (i % usize::from(addresses)))
+            .parse()
+            .unwrap();
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(from).unwrap();
+        held.push(socket.connect(addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    held
+}
+
+/// How many of `held` the server has closed (EOF or reset), without blocking.
+fn closed_count(held: &mut [TcpStream]) -> usize {
+    let mut buf = [0u8; 64];
+    held.iter_mut()
+        .filter(|s| match s.try_read(&mut buf) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+        })
+        .count()
+}
+
 #[tokio::test]
 async fn at_the_connection_cap_health_still_answers_and_checks_resume_after() {
     let s = serve(
@@ -321,7 +366,8 @@ async fn at_the_connection_cap_health_still_answers_and_checks_resume_after() {
         GrpcLimits::default(),
     )
     .await;
-    let held = hold(s.addrs.http, 60).await;
+    // The cap is held by connections doing work (requests in flight): nothing to displace.
+    let held = hold_busy(s.addrs.http, 40).await;
     assert_eq!(
         status_of(s.addrs.http, "GET", "/healthz", "").await,
         Some(200)
@@ -340,13 +386,7 @@ async fn at_the_connection_cap_health_still_answers_and_checks_resume_after() {
         "{answer:?}"
     );
     assert!(answer.contains("\"status\":503"), "{answer:?}");
-    // Cap + reserve taken: the next connection is closed at once.
-    let more = hold(s.addrs.http, 10).await;
-    let mut extra = TcpStream::connect(s.addrs.http).await.unwrap();
-    closed_within(&mut extra, Duration::from_secs(2))
-        .await
-        .expect("a connection beyond cap + reserve is closed");
-    drop((held, more));
+    drop(held);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         status_of(s.addrs.http, "POST", "/v1/check", CHECK).await,
@@ -355,11 +395,57 @@ async fn at_the_connection_cap_health_still_answers_and_checks_resume_after() {
     let metrics = metrics_text(s.addrs.http).await;
     for needle in [
         r#"sluice_connections_rejected_total{listener="http",reason="reserve_only"}"#,
-        r#"sluice_connections_rejected_total{listener="http",reason="global"}"#,
         r#"sluice_connections_open{listener="http"}"#,
     ] {
         assert!(metrics.contains(needle), "{needle} missing from /metrics");
     }
+    s.stop().await;
+}
+
+/// Idle sockets from several addresses, each under the per-IP cap, fill the cap and the
+/// reserve (the finding: 1,100 sockets from 5 addresses switched off /healthz, /v1/check and
+/// gRPC until they timed out). Idle connections are displaced by newcomers, so health and
+/// decisions keep answering, and the attacker's sockets are closed one per newcomer.
+#[tokio::test]
+async fn idle_sockets_from_several_addresses_cannot_hold_the_cap_or_the_reserve() {
+    let s = serve(
+        ConnectionLimits {
+            max_connections: 40,
+            reserve: 10,
+            max_connections_per_ip: 12,
+            ..relaxed()
+        },
+        GrpcLimits::default(),
+    )
+    .await;
+    // 5 addresses x 12 = 60 idle sockets: more than the cap and the reserve together.
+    let mut held = hold_from(s.addrs.http, 60, 5).await;
+    for _ in 0..3 {
+        assert_eq!(
+            status_of(s.addrs.http, "GET", "/healthz", "").await,
+            Some(200),
+            "health answers although idle sockets hold the cap and the reserve"
+        );
+        assert_eq!(
+            status_of(s.addrs.http, "POST", "/v1/check", CHECK).await,
+            Some(200),
+            "a decision is served: an idle socket made room"
+        );
+    }
+    // gRPC: an HTTP/2 preface is answered with SETTINGS (an idle HTTP socket made room).
+    assert!(
+        !grpc_settings(s.addrs.grpc).await.is_empty(),
+        "the gRPC port answers"
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let closed = closed_count(&mut held);
+    assert!(
+        closed >= 7,
+        "each newcomer displaced one idle socket: {closed} of 60 closed"
+    );
+    let metrics = metrics_text(s.addrs.http).await;
+    let needle = r#"sluice_connections_rejected_total{listener="http",reason="displaced"}"#;
+    assert!(metrics.contains(needle), "{needle} missing from /metrics");
     s.stop().await;
 }
 
@@ -440,7 +526,8 @@ async fn grpc_advertises_its_stream_cap_and_answers_health_while_http_is_saturat
             .await
             .contains(&(MAX_CONCURRENT_STREAMS, 7))
     );
-    let held = hold(s.addrs.http, 20).await;
+    // HTTP connections doing work (requests in flight) hold the cap: nothing to displace.
+    let held = hold_busy(s.addrs.http, 20).await;
     let url = format!("http://{}", s.addrs.grpc);
     let channel = tonic::transport::Endpoint::from_shared(url)
         .unwrap()

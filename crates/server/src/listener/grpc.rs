@@ -120,7 +120,7 @@ pub fn incoming(
                 }
             };
             backoff.reset();
-            let (permit, reserve_only) = match budget.admit(LISTENER, peer.ip(), true) {
+            let (permit, reserve_only) = match budget.admit(LISTENER, peer.ip(), true, false) {
                 Admission::Full(p) => (p, false),
                 Admission::ReserveOnly(p) => (p, true),
                 Admission::Refused(reason) => {

@@ -10,7 +10,9 @@
 //!   (problem+json, like every answer written here) and the connection closes;
 //! - a connection with no request in flight for `idle_timeout` is closed (HTTP/2 included);
 //! - a connection admitted into the reserve answers only the listener's reserved paths, one
-//!   request, then closes; other paths get 503.
+//!   request, then closes; other paths get 503;
+//! - a connection with no request in flight may be displaced by a newcomer when the budget is
+//!   at its cap (see [`super::ConnectionBudget`]): it is shut down gracefully.
 //!
 //! HTTP/1.1 and HTTP/2 (prior knowledge) are both served, as `axum::serve` did, and the peer
 //! address is in each request as axum's `ConnectInfo<SocketAddr>`.
@@ -40,7 +42,9 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 
-use super::{AcceptBackoff, Admission, ConnectionBudget, RejectReason, count_rejected};
+use super::{
+    AcceptBackoff, Admission, ConnectionBudget, IdleHandle, RejectReason, count_rejected,
+};
 use crate::limits::ConnectionLimits;
 
 /// Which request paths a reserve connection may use on a listener.
@@ -106,7 +110,7 @@ pub async fn serve(
             },
         };
         backoff.reset();
-        let (permit, reserve_only) = match budget.admit(name, peer.ip(), reserved.is_some()) {
+        let (permit, reserve_only) = match budget.admit(name, peer.ip(), reserved.is_some(), true) {
             Admission::Full(p) => (p, false),
             Admission::ReserveOnly(p) => (p, true),
             Admission::Refused(reason) => {
@@ -121,6 +125,10 @@ pub async fn serve(
             router: router.clone(),
             limits: Arc::clone(&limits),
             reserved: if reserve_only { reserved } else { None },
+            idle: permit
+                .idle_handle()
+                .cloned()
+                .unwrap_or_else(|| Arc::new(IdleHandle::default())),
         };
         let stop = stop_rx.clone();
         let alive = alive_tx.clone();
@@ -151,6 +159,8 @@ struct Connection {
     limits: Arc<ConnectionLimits>,
     /// `Some`: a reserve connection, limited to these paths.
     reserved: Option<ReservedPaths>,
+    /// Requests in flight, as the budget sees them; told when the connection is displaced.
+    idle: Arc<IdleHandle>,
 }
 
 impl Connection {
@@ -169,7 +179,10 @@ impl Connection {
             router: self.router,
             reserved: self.reserved,
             body_timeout: limits.body_timeout,
-            activity: Arc::new(activity_tx),
+            activity: Arc::new(Tracker {
+                activity: activity_tx,
+                idle: Arc::clone(&self.idle),
+            }),
         };
 
         let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -201,6 +214,11 @@ impl Connection {
                 }
                 () = &mut idle, if !closing => {
                     count_rejected(name, RejectReason::Idle);
+                    conn.as_mut().graceful_shutdown();
+                    closing = true;
+                }
+                () = self.idle.displaced(), if !closing => {
+                    count_rejected(name, RejectReason::Displaced);
                     conn.as_mut().graceful_shutdown();
                     closing = true;
                 }
@@ -261,7 +279,13 @@ struct ConnService {
     router: Router,
     reserved: Option<ReservedPaths>,
     body_timeout: Duration,
-    activity: Arc<watch::Sender<Activity>>,
+    activity: Arc<Tracker>,
+}
+
+/// Where a connection's requests are counted: its own idle timer and the budget's view.
+struct Tracker {
+    activity: watch::Sender<Activity>,
+    idle: Arc<IdleHandle>,
 }
 
 impl hyper::service::Service<Request<Incoming>> for ConnService {
@@ -324,21 +348,23 @@ fn closing(mut res: Response<Body>) -> Response<Body> {
 }
 
 /// One request in flight on a connection, from its head to the end of its response body.
-struct InFlight(Arc<watch::Sender<Activity>>);
+struct InFlight(Arc<Tracker>);
 
 impl InFlight {
-    fn start(activity: Arc<watch::Sender<Activity>>) -> Self {
-        activity.send_modify(|a| a.in_flight += 1);
-        Self(activity)
+    fn start(tracker: Arc<Tracker>) -> Self {
+        tracker.idle.request_started();
+        tracker.activity.send_modify(|a| a.in_flight += 1);
+        Self(tracker)
     }
 }
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.send_modify(|a| {
+        self.0.activity.send_modify(|a| {
             a.in_flight = a.in_flight.saturating_sub(1);
             a.idle_since = Instant::now();
         });
+        self.0.idle.request_ended();
     }
 }
 

@@ -8,9 +8,13 @@
 //!
 //! What it does:
 //! - [`ConnectionBudget`]: a global cap on open connections over all listeners, kept below the
-//!   process's descriptor limit, plus a per-client-IP cap. Connections beyond the global cap, up
-//!   to a small reserve, are admitted for the health and admin paths only, so monitoring still
-//!   sees the service while it is saturated.
+//!   process's descriptor limit, plus a per-client-IP cap. At the cap, a new connection first
+//!   displaces the longest-held *idle* HTTP connection (one with no request in flight: an
+//!   unfinished head, or keep-alive between requests), which is closed gracefully; so idle
+//!   sockets, from any number of addresses, cannot hold the cap or the reserve, and only
+//!   connections doing work can. When every connection is busy, connections beyond the cap,
+//!   up to a small reserve, are admitted for the health and admin paths only, so monitoring
+//!   still sees the service while it is saturated.
 //! - [`raise_nofile_limit`]: raises `RLIMIT_NOFILE`'s soft limit to the hard limit at start; the
 //!   default global cap is derived from the result.
 //! - [`http`]: the HTTP listeners on hyper directly, with header-read, body and idle timeouts and
@@ -22,9 +26,10 @@
 pub mod grpc;
 pub mod http;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
@@ -95,6 +100,8 @@ pub enum RejectReason {
     BodyTimeout,
     /// No request for `idle_timeout`.
     Idle,
+    /// Closed while idle to make room for a new connection at the cap.
+    Displaced,
 }
 
 impl RejectReason {
@@ -108,6 +115,7 @@ impl RejectReason {
             RejectReason::HeaderTimeout => "header_timeout",
             RejectReason::BodyTimeout => "body_timeout",
             RejectReason::Idle => "idle",
+            RejectReason::Displaced => "displaced",
         }
     }
 }
@@ -131,8 +139,83 @@ pub enum Admission {
 
 #[derive(Debug, Default)]
 struct Counts {
-    open: usize,
+    /// Open connections admitted under the cap, and into the reserve.
+    full: usize,
+    reserve: usize,
     by_ip: HashMap<IpAddr, usize>,
+    /// Displaceable connections, oldest first (entries of closed ones are dropped lazily).
+    displaceable: VecDeque<Weak<IdleHandle>>,
+    /// Connections told to close to make room, not yet closed, under the cap and in the
+    /// reserve: their slots are spoken for.
+    displacing_full: usize,
+    displacing_reserve: usize,
+}
+
+/// Most entries one admission looks at when it seeks an idle connection to displace, so an
+/// accept costs a bounded time even with thousands of busy connections.
+const DISPLACE_SCAN: usize = 64;
+
+/// How a connection that can be displaced tells the budget whether it is idle, and how the
+/// budget tells it to close.
+#[derive(Debug, Default)]
+pub struct IdleHandle {
+    in_flight: AtomicUsize,
+    displaced: AtomicBool,
+    close: tokio::sync::Notify,
+    /// Admitted into the reserve: it only makes room for another reserve connection.
+    reserve_only: bool,
+}
+
+impl IdleHandle {
+    /// A request started on the connection.
+    pub fn request_started(&self) {
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A request (its response included) ended.
+    pub fn request_ended(&self) {
+        self.in_flight.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// Resolves when the budget displaced this connection: close it gracefully.
+    pub async fn displaced(&self) {
+        self.close.notified().await;
+    }
+
+    fn is_idle(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
+    }
+}
+
+impl Counts {
+    /// Tells the longest-held idle connection of the cap (`reserve_only == false`) or of the
+    /// reserve to close; false when none of the first [`DISPLACE_SCAN`] candidates is one.
+    fn displace_one(&mut self, reserve_only: bool) -> bool {
+        for _ in 0..DISPLACE_SCAN.min(self.displaceable.len()) {
+            let Some(weak) = self.displaceable.pop_front() else {
+                break;
+            };
+            let Some(handle) = weak.upgrade() else {
+                continue;
+            };
+            if handle.displaced.load(Ordering::Acquire) {
+                continue;
+            }
+            if handle.reserve_only == reserve_only && handle.is_idle() {
+                handle.displaced.store(true, Ordering::Release);
+                handle.close.notify_one();
+                if reserve_only {
+                    self.displacing_reserve += 1;
+                } else {
+                    self.displacing_full += 1;
+                }
+                return true;
+            }
+            // Busy now, or of the other pool: it may be a candidate for a later admission.
+            self.displaceable.push_back(weak);
+        }
+        false
+    }
 }
 
 /// The connections open over all listeners, against the global and per-IP caps. Shared by the
@@ -172,16 +255,21 @@ impl ConnectionBudget {
 
     /// Connections open now over all listeners.
     pub fn open(&self) -> usize {
-        self.counts.lock().open
+        let counts = self.counts.lock();
+        counts.full + counts.reserve
     }
 
     /// Admits a connection from `ip` on `listener`. A listener with no reserved paths
-    /// (`uses_reserve == false`) is refused beyond the global cap instead of entering the reserve.
+    /// (`uses_reserve == false`) is refused beyond the global cap instead of entering the
+    /// reserve. A `displaceable` connection reports its requests through the permit's
+    /// [`IdleHandle`] and closes when told, so that a later connection can take its place
+    /// while it is idle.
     pub fn admit(
         self: &Arc<Self>,
         listener: &'static str,
         ip: IpAddr,
         uses_reserve: bool,
+        displaceable: bool,
     ) -> Admission {
         let ip = canonical(ip);
         let mut counts = self.counts.lock();
@@ -189,18 +277,46 @@ impl ConnectionBudget {
         if self.per_ip > 0 && from_ip >= self.per_ip {
             return Admission::Refused(RejectReason::PerIp);
         }
-        let reserve_only = counts.open >= self.max;
-        if reserve_only && (!uses_reserve || counts.open >= self.max + self.reserve) {
+        // Slots of displaced connections still closing are free already.
+        let reserve_only = if counts.full.saturating_sub(counts.displacing_full) < self.max
+            || counts.displace_one(false)
+        {
+            false
+        } else if uses_reserve
+            && (counts.reserve.saturating_sub(counts.displacing_reserve) < self.reserve
+                || counts.displace_one(true))
+        {
+            true
+        } else {
             return Admission::Refused(RejectReason::Global);
+        };
+        if reserve_only {
+            counts.reserve += 1;
+        } else {
+            counts.full += 1;
         }
-        counts.open += 1;
         *counts.by_ip.entry(ip).or_insert(0) += 1;
+        let idle = displaceable.then(|| {
+            let handle = Arc::new(IdleHandle {
+                reserve_only,
+                ..IdleHandle::default()
+            });
+            // Entries of closed connections go when the list has grown well past the open
+            // connections: amortised O(1) per admission, bounded memory.
+            if counts.displaceable.len() > 2 * (counts.full + counts.reserve) + DISPLACE_SCAN {
+                counts.displaceable.retain(|w| w.strong_count() > 0);
+            }
+            counts.displaceable.push_back(Arc::downgrade(&handle));
+            handle
+        });
         drop(counts);
         metrics::gauge!("sluice_connections_open", "listener" => listener).increment(1.0);
         let permit = ConnectionPermit {
             budget: Arc::clone(self),
             listener,
             ip,
+            reserve_only,
+            idle,
         };
         if reserve_only {
             Admission::ReserveOnly(permit)
@@ -209,9 +325,18 @@ impl ConnectionBudget {
         }
     }
 
-    fn release(&self, ip: IpAddr) {
-        let mut counts = self.counts.lock();
-        counts.open = counts.open.saturating_sub(1);
+    fn release(&self, ip: IpAddr, reserve_only: bool, displaced: bool) {
+        let mut guard = self.counts.lock();
+        let counts = &mut *guard;
+        let (open, displacing) = if reserve_only {
+            (&mut counts.reserve, &mut counts.displacing_reserve)
+        } else {
+            (&mut counts.full, &mut counts.displacing_full)
+        };
+        *open = open.saturating_sub(1);
+        if displaced {
+            *displacing = displacing.saturating_sub(1);
+        }
         if let Some(n) = counts.by_ip.get_mut(&ip) {
             *n -= 1;
             if *n == 0 {
@@ -235,11 +360,24 @@ pub struct ConnectionPermit {
     budget: Arc<ConnectionBudget>,
     listener: &'static str,
     ip: IpAddr,
+    reserve_only: bool,
+    idle: Option<Arc<IdleHandle>>,
+}
+
+impl ConnectionPermit {
+    /// The handle of a displaceable connection.
+    pub fn idle_handle(&self) -> Option<&Arc<IdleHandle>> {
+        self.idle.as_ref()
+    }
 }
 
 impl Drop for ConnectionPermit {
     fn drop(&mut self) {
-        self.budget.release(self.ip);
+        let displaced = self
+            .idle
+            .as_ref()
+            .is_some_and(|h| h.displaced.load(Ordering::Acquire));
+        self.budget.release(self.ip, self.reserve_only, displaced);
         metrics::gauge!("sluice_connections_open", "listener" => self.listener).decrement(1.0);
     }
 }
@@ -298,46 +436,107 @@ mod tests {
     #[test]
     fn the_reserve_opens_after_the_cap_and_closes_after_it() {
         let b = ConnectionBudget::new(2, 1, 0);
-        let a1 = b.admit("http", ip("127.0.0.1"), true);
-        let a2 = b.admit("http", ip("127.0.0.2"), true);
+        let a1 = b.admit("http", ip("127.0.0.1"), true, false);
+        let a2 = b.admit("http", ip("127.0.0.2"), true, false);
         assert!(matches!(a1, Admission::Full(_)) && matches!(a2, Admission::Full(_)));
         assert!(matches!(
-            b.admit("proxy", ip("127.0.0.3"), false),
+            b.admit("proxy", ip("127.0.0.3"), false, false),
             Admission::Refused(RejectReason::Global)
         ));
-        let r = b.admit("http", ip("127.0.0.3"), true);
+        let r = b.admit("http", ip("127.0.0.3"), true, false);
         assert!(matches!(r, Admission::ReserveOnly(_)));
         assert!(matches!(
-            b.admit("http", ip("127.0.0.4"), true),
+            b.admit("http", ip("127.0.0.4"), true, false),
             Admission::Refused(RejectReason::Global)
         ));
         assert_eq!(b.open(), 3);
         drop((a1, r));
         assert_eq!(b.open(), 1);
         assert!(matches!(
-            b.admit("http", ip("127.0.0.4"), true),
+            b.admit("http", ip("127.0.0.4"), true, false),
             Admission::Full(_)
         ));
+    }
+
+    #[test]
+    fn at_the_cap_an_idle_connection_is_displaced_and_a_busy_one_is_not() {
+        let b = ConnectionBudget::new(2, 1, 0);
+        let idle = b.admit("http", ip("127.0.0.2"), true, true);
+        let busy = b.admit("http", ip("127.0.0.3"), true, true);
+        let (Admission::Full(idle), Admission::Full(busy)) = (idle, busy) else {
+            panic!("both fit under the cap");
+        };
+        busy.idle_handle().unwrap().request_started();
+        // At the cap: the idle one makes room, so the newcomer gets a full connection.
+        let newcomer = b.admit("http", ip("127.0.0.1"), true, true);
+        assert!(matches!(newcomer, Admission::Full(_)));
+        let handle = Arc::clone(idle.idle_handle().unwrap());
+        let told = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap()
+            .block_on(async {
+                tokio::time::timeout(Duration::from_secs(1), handle.displaced())
+                    .await
+                    .is_ok()
+            });
+        assert!(told, "the idle connection is told to close");
+        // Nothing idle is left (the displaced one is closing, the other two are busy or new
+        // with a request): the next one only gets the reserve, then nothing.
+        let Admission::Full(newcomer) = newcomer else {
+            unreachable!()
+        };
+        newcomer.idle_handle().unwrap().request_started();
+        let reserve = b.admit("http", ip("127.0.0.4"), true, false);
+        assert!(matches!(reserve, Admission::ReserveOnly(_)));
+        assert!(matches!(
+            b.admit("http", ip("127.0.0.5"), true, false),
+            Admission::Refused(RejectReason::Global)
+        ));
+        // The displaced connection closes: its slot was already counted as free.
+        drop(idle);
+        assert_eq!(b.open(), 3);
+        assert!(matches!(
+            b.admit("http", ip("127.0.0.5"), true, false),
+            Admission::Refused(RejectReason::Global)
+        ));
+        // A busy connection that goes idle can be displaced in turn.
+        busy.idle_handle().unwrap().request_ended();
+        assert!(matches!(
+            b.admit("http", ip("127.0.0.5"), true, false),
+            Admission::Full(_)
+        ));
+    }
+
+    #[test]
+    fn the_list_of_displaceable_connections_stays_bounded() {
+        let b = ConnectionBudget::new(1_000, 0, 0);
+        for i in 0..10_000u32 {
+            let a = b.admit("http", ip(&format!("10.0.{}.{}", i / 250, i % 250)), true, true);
+            drop(a);
+        }
+        let len = b.counts.lock().displaceable.len();
+        assert!(len <= 2 * DISPLACE_SCAN + 1, "{len} entries kept for 0 open connections");
     }
 
     #[test]
     fn per_ip_cap_counts_each_address_and_mapped_v4_as_v4() {
         let b = ConnectionBudget::new(100, 0, 2);
         let held: Vec<_> = (0..2)
-            .map(|_| b.admit("http", ip("10.0.0.1"), true))
+            .map(|_| b.admit("http", ip("10.0.0.1"), true, false))
             .collect();
         assert!(held.iter().all(|a| matches!(a, Admission::Full(_))));
         assert!(matches!(
-            b.admit("grpc", ip("::ffff:10.0.0.1"), true),
+            b.admit("grpc", ip("::ffff:10.0.0.1"), true, false),
             Admission::Refused(RejectReason::PerIp)
         ));
         assert!(matches!(
-            b.admit("http", ip("10.0.0.2"), true),
+            b.admit("http", ip("10.0.0.2"), true, false),
             Admission::Full(_)
         ));
         drop(held);
         assert!(matches!(
-            b.admit("http", ip("10.0.0.1"), true),
+            b.admit("http", ip("10.0.0.1"), true, false),
             Admission::Full(_)
         ));
     }
