@@ -96,6 +96,10 @@ pub struct StoreOptions {
     pub max_keys: usize,
     /// Embedded store: the most bytes it allocates before eviction (default: unbounded).
     pub max_memory: Option<usize>,
+    /// Redis and Valkey (standalone): how long the server must answer nothing before a call
+    /// that outlived `timeout` counts as the store failing rather than being busy (default
+    /// 500 ms); see [`sluice_redis::RedisOptions::unresponsive_after`].
+    pub unresponsive_after: Duration,
 }
 
 impl Default for StoreOptions {
@@ -104,6 +108,19 @@ impl Default for StoreOptions {
             timeout: Duration::from_millis(50),
             max_keys: 1_000_000,
             max_memory: None,
+            unresponsive_after: Duration::from_millis(500),
+        }
+    }
+}
+
+impl StoreOptions {
+    /// The Redis store's options for these settings.
+    #[cfg(feature = "redis")]
+    pub fn redis_options(&self) -> sluice_redis::RedisOptions {
+        sluice_redis::RedisOptions {
+            timeout: self.timeout,
+            unresponsive_after: self.unresponsive_after,
+            ..Default::default()
         }
     }
 }
@@ -114,19 +131,17 @@ impl StoreUrl {
         self.backend_compiled_in()?;
         match self {
             #[cfg(feature = "memory")]
-            StoreUrl::Memory => Ok(Arc::new(
-                sluice_memory::MemoryStore::builder()
-                    .max_keys(options.max_keys)
-                    .build(),
-            )),
-            #[cfg(feature = "redis")]
-            StoreUrl::Redis(url) => {
-                let options = sluice_redis::RedisOptions {
-                    timeout: options.timeout,
-                    ..Default::default()
-                };
-                Ok(Arc::new(sluice_redis::connect(url, options).await?))
+            StoreUrl::Memory => {
+                let mut builder = sluice_memory::MemoryStore::builder().max_keys(options.max_keys);
+                if let Some(bytes) = options.max_memory {
+                    builder = builder.max_memory(bytes);
+                }
+                Ok(Arc::new(builder.build()))
             }
+            #[cfg(feature = "redis")]
+            StoreUrl::Redis(url) => Ok(Arc::new(
+                sluice_redis::connect(url, options.redis_options()).await?,
+            )),
             // Unreachable: `backend_compiled_in` refused it above.
             #[allow(unreachable_patterns)]
             _ => {

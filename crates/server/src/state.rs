@@ -95,6 +95,7 @@ pub async fn build_limiter(config: &Config) -> Result<Limiter, StoreError> {
         timeout: config.store.timeout,
         max_keys: config.store.max_keys,
         max_memory: Some(config.store.max_memory),
+        unresponsive_after: config.store.unresponsive_after,
     };
     // The control plane (overrides, bans, lists) lives in the same store.
     let (store, control) =

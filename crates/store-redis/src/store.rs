@@ -10,7 +10,7 @@ use crate::protocol::{self, ROW};
 use crate::scripts;
 use call::{LeaseGuard, ReleaseContext, batch_runner, release_runner};
 use compensation::{Compensator, PendingRelease};
-use connection::{Conn, SentinelConn, is_auth_error, map_err, tls_certificates};
+use connection::{Conn, LastAnswer, SentinelConn, is_auth_error, map_err, tls_certificates};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{IntoConnectionInfo, RedisError, TlsMode, Value};
@@ -58,7 +58,17 @@ pub struct RedisOptions {
     /// in-flight slot) before it is answered [`StoreError::Overloaded`] (default 1 s). This
     /// wait is not part of `timeout`: a busy sluice is not a failing store.
     pub queue_wait: Duration,
+    /// How long a standalone server must stay silent, while calls wait on it, before a call
+    /// that outlived its timeout counts as the store failing (default 500 ms, never below
+    /// `timeout`). A server that answered any call within this window is alive but busy: the
+    /// timed-out call is answered [`StoreError::Overloaded`], which is denied, so a flood
+    /// that slows the server down cannot make it fail open. Only after this much silence
+    /// does the policy's failure mode apply.
+    pub unresponsive_after: Duration,
 }
+
+/// The default [`RedisOptions::unresponsive_after`].
+pub const DEFAULT_UNRESPONSIVE_AFTER: Duration = Duration::from_millis(500);
 
 impl Default for RedisOptions {
     fn default() -> Self {
@@ -71,6 +81,7 @@ impl Default for RedisOptions {
             ttl_pad_ms: None,
             batch: true,
             queue_wait: Duration::from_secs(1),
+            unresponsive_after: DEFAULT_UNRESPONSIVE_AFTER,
         }
     }
 }
@@ -123,24 +134,30 @@ impl RedisStoreBuilder {
         self.options.queue_wait = wait;
         self
     }
+    /// How long the server must be silent before a timed-out call is a store failure
+    /// rather than overload (default 500 ms; see [`RedisOptions::unresponsive_after`]).
+    pub fn unresponsive_after(mut self, window: Duration) -> Self {
+        self.options.unresponsive_after = window;
+        self
+    }
     /// Connects.
     pub async fn connect(self) -> Result<RedisStore, StoreError> {
         connect(&self.url, self.options).await
     }
 }
 
-/// A script with its SHA1.
-#[derive(Debug)]
+/// A script with its SHA1 (cheap to clone).
+#[derive(Debug, Clone)]
 struct Lua {
     src: &'static str,
-    sha: String,
+    sha: Arc<str>,
 }
 
 impl Lua {
     fn new(src: &'static str) -> Self {
         Self {
             src,
-            sha: redis::Script::new(src).get_hash().to_string(),
+            sha: redis::Script::new(src).get_hash().into(),
         }
     }
 }
@@ -294,7 +311,22 @@ pub async fn connect(url: &str, mut options: RedisOptions) -> Result<RedisStore,
             .await
             .map_err(|_| timeout_err())?
             .map_err(connect_err)?;
-        Conn::Single(c, Default::default())
+        let addr = parsed.nodes[0]
+            .as_str()
+            .into_connection_info()
+            .ok()
+            .and_then(|info| match info.addr() {
+                redis::ConnectionAddr::Tcp(host, port)
+                | redis::ConnectionAddr::TcpTls { host, port, .. } => Some((host.clone(), *port)),
+                _ => None,
+            });
+        Conn::Single(
+            c,
+            Arc::new(LastAnswer::new(
+                options.unresponsive_after.max(options.timeout),
+                addr,
+            )),
+        )
     };
     let pad = options
         .ttl_pad_ms
@@ -415,33 +447,36 @@ impl RedisStore {
         self.conn.query(&cmd).await.map(|_| ()).map_err(map_err)
     }
 
+    /// Waits (at most the queue bound) for an in-flight slot of an unbatched call.
+    async fn direct_slot(&self) -> Result<tokio::sync::SemaphorePermit<'_>, StoreError> {
+        match tokio::time::timeout(self.queue_wait, self.direct.acquire()).await {
+            Ok(Ok(slot)) => Ok(slot),
+            Ok(Err(_)) => Err(StoreError::Unavailable("store closed".into())),
+            Err(_) => Err(StoreError::Overloaded(format!(
+                "no free in-flight slot within the queue bound of {} ms",
+                self.queue_wait.as_millis()
+            ))),
+        }
+    }
+
     /// Runs a script (or its function) under the per-call timeout, after waiting (at most
     /// the queue bound) for an in-flight slot.
     async fn invoke_timed(
         &self,
         lua: &Lua,
-        function: &str,
+        function: &'static str,
         keys: &[String],
         args: &[String],
     ) -> Result<Value, StoreError> {
-        let _slot = match tokio::time::timeout(self.queue_wait, self.direct.acquire()).await {
-            Ok(Ok(slot)) => slot,
-            Ok(Err(_)) => return Err(StoreError::Unavailable("store closed".into())),
-            Err(_) => {
-                return Err(StoreError::Overloaded(format!(
-                    "no free in-flight slot within the queue bound of {} ms",
-                    self.queue_wait.as_millis()
-                )));
-            }
-        };
+        let _slot = self.direct_slot().await?;
         call::invoke_timed(
             &self.conn,
             self.mode,
             self.timeout,
             lua,
             function,
-            keys,
-            args,
+            keys.to_vec(),
+            args.to_vec(),
         )
         .await
     }
@@ -523,16 +558,26 @@ impl Store for RedisStore {
         } else {
             &self.multi
         };
+        // Never sent: nothing to compensate.
+        let _slot = self.direct_slot().await?;
         let guard = LeaseGuard::new(&self.compensator, leases);
-        let decided = self
-            .invoke_timed(lua, scripts::FN_CHECK, &keys, &args)
-            .await
-            .and_then(ints)
-            .and_then(|reply| protocol::decode(items, &tokens, &reply));
+        let decided = call::invoke_timed(
+            &self.conn,
+            self.mode,
+            self.timeout,
+            lua,
+            scripts::FN_CHECK,
+            keys,
+            args,
+        )
+        .await
+        .and_then(ints)
+        .and_then(|reply| protocol::decode(items, &tokens, &reply));
         match decided {
-            // Decided (the caller holds whatever leases were taken), or never sent.
-            Ok(_) | Err(StoreError::Invalid(_) | StoreError::Overloaded(_)) => guard.disarm(),
-            // The call may have run, or may still run: the guard releases its leases.
+            // Decided (the caller holds whatever leases were taken), or refused unsent.
+            Ok(_) | Err(StoreError::Invalid(_)) => guard.disarm(),
+            // The call may have run, or may still run (a timed-out call answered as overload
+            // included): the guard releases its leases.
             Err(_) => drop(guard),
         }
         decided

@@ -58,9 +58,13 @@ async fn acquires_during_pause(
                 Some(after) => tokio::time::timeout(after, acquire(&store, &key, 1))
                     .await
                     .is_err(),
+                // A paused server that answered just before: overload (denied) at first,
+                // then a timeout once it has been silent for `unresponsive_after`.
                 None => matches!(
                     acquire(&store, &key, 1).await,
-                    Err(StoreError::Timeout(_) | StoreError::Unavailable(_))
+                    Err(StoreError::Timeout(_)
+                        | StoreError::Unavailable(_)
+                        | StoreError::Overloaded(_))
                 ),
             }
         }));

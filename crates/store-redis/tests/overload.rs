@@ -33,6 +33,15 @@ impl Tally {
             Err(e) => self.other_errors.push(e),
         }
     }
+
+    /// Adds another tally's counts.
+    fn merge(&mut self, other: Tally) {
+        self.admitted += other.admitted;
+        self.denied += other.denied;
+        self.timeouts += other.timeouts;
+        self.overloaded += other.overloaded;
+        self.other_errors.extend(other.other_errors);
+    }
 }
 
 /// `BURST` checks of one key, all started at once on the calling (current-thread) runtime,
@@ -145,4 +154,104 @@ async fn a_stalled_process_is_overloaded_not_a_store_timeout() {
         "a stalled process blamed the store: {tally:?}"
     );
     assert!(tally.admitted <= LIMIT, "{tally:?}");
+}
+
+/// Burns the server's only thread for `ARGV[1]` µs: another client's expensive script, the
+/// way other processes' batches occupy a shared Redis.
+const BUSY_SCRIPT: &str = r"
+local t = redis.call('TIME')
+local start = t[1] * 1000000 + t[2]
+repeat
+  local n = redis.call('TIME')
+  local now = n[1] * 1000000 + n[2]
+until now - start >= tonumber(ARGV[1])
+return 1
+";
+
+/// A server busy with another client's work: it runs 80 ms scripts back to back for about
+/// 2.5 s, so checks sent meanwhile wait up to 80 ms in the server's own queue, past their
+/// 50 ms timeout, while the server keeps answering between the scripts. That is a busy
+/// store, not a failed one: no check may come back as a store timeout (which fails open);
+/// each is decided or answered overloaded (denied), and the limit holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_busy_with_other_clients_is_overloaded_not_failed() {
+    let server = RedisServer::redis();
+    let store = Arc::new(
+        RedisStore::builder(server.url())
+            .timeout(Duration::from_millis(50))
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let algorithm = Algorithm::FixedWindow {
+        limit: LIMIT,
+        window_ms: 600_000,
+    };
+    let key = "rl:{overload:busy}:p".to_string();
+    store
+        .check(&[CheckItem {
+            key: &key,
+            algorithm: &algorithm,
+            cost: 0,
+        }])
+        .await
+        .unwrap();
+
+    // The other client: 30 busy scripts of 80 ms, one after another (about 2.4 s).
+    let client = sluice_redis::redis::Client::open(server.url()).unwrap();
+    let mut other = client.get_multiplexed_async_connection().await.unwrap();
+    let busy = tokio::spawn(async move {
+        for _ in 0..30 {
+            let _: i64 = sluice_redis::redis::cmd("EVAL")
+                .arg(BUSY_SCRIPT)
+                .arg(0)
+                .arg(80_000)
+                .query_async(&mut other)
+                .await
+                .expect("busy script");
+        }
+    });
+
+    // Checkers: 16 tasks, each a check every 5 ms, while the other client is busy.
+    let mut tasks = Vec::new();
+    for _ in 0..16 {
+        let (store, key, algorithm) = (Arc::clone(&store), key.clone(), algorithm.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut tally = Tally::default();
+            let end = Instant::now() + Duration::from_millis(2_200);
+            for _ in 0..1_000 {
+                if Instant::now() >= end {
+                    break;
+                }
+                let outcome = store
+                    .check(&[CheckItem {
+                        key: &key,
+                        algorithm: &algorithm,
+                        cost: 1,
+                    }])
+                    .await;
+                tally.add(outcome);
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            tally
+        }));
+    }
+    let mut tally = Tally::default();
+    for t in tasks {
+        tally.merge(t.await.expect("check task panicked"));
+    }
+    busy.await.expect("busy client");
+    eprintln!("{tally:?}");
+    assert!(tally.other_errors.is_empty(), "{:?}", tally.other_errors);
+    assert!(
+        tally.overloaded > 0,
+        "the busy server never made a check wait past its timeout: the test proves nothing: {tally:?}"
+    );
+    assert_eq!(
+        tally.timeouts, 0,
+        "a busy server was taken for a failed one (those checks fail open): {tally:?}"
+    );
+    // A check answered overloaded may still have been decided by the server later, so the
+    // caller sees at most the limit admitted (never more: nothing failed open).
+    assert!(tally.admitted > 0 && tally.admitted <= LIMIT, "{tally:?}");
 }

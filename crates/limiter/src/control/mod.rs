@@ -567,11 +567,7 @@ pub async fn connect(
 ) -> Result<(Arc<dyn sluice_core::Store>, ControlPlane), StoreError> {
     #[cfg(feature = "redis")]
     if let crate::StoreUrl::Redis(u) = url {
-        let redis_options = sluice_redis::RedisOptions {
-            timeout: options.timeout,
-            ..Default::default()
-        };
-        let store = Arc::new(sluice_redis::connect(u, redis_options).await?);
+        let store = Arc::new(sluice_redis::connect(u, options.redis_options()).await?);
         let control = ControlPlane::redis(Arc::clone(&store), prefix);
         control.refresh().await?;
         return Ok((store, control));

@@ -121,6 +121,9 @@ pub struct StoreConfig {
     pub url: String,
     /// Per-call timeout.
     pub timeout: Duration,
+    /// How long a standalone Redis must answer nothing before a timed-out call counts as a
+    /// store failure (failure mode) rather than overload (denied). At least `timeout`.
+    pub unresponsive_after: Duration,
     /// The failure mode of policies that do not set one.
     pub failure_mode: FailureMode,
     /// Embedded store: most keys tracked.

@@ -71,6 +71,7 @@ pub(super) struct RawServer {
 pub(super) struct RawStore {
     pub url: Option<Spanned<String>>,
     pub timeout: Option<Spanned<RawDuration>>,
+    pub unresponsive_after: Option<Spanned<RawDuration>>,
     pub failure_mode: Option<Spanned<String>>,
     pub local_share: Option<Spanned<f64>>,
     pub max_keys: Option<Spanned<u64>>,

@@ -33,6 +33,22 @@ pub(super) fn check_store(ck: &mut Checker<'_>, st: &RawStore) -> StoreConfig {
             "must be above 0",
         );
     }
+    // Unset: the default, or the timeout when that is longer.
+    let unresponsive_after = ck.duration(
+        &st.unresponsive_after,
+        "store.unresponsive_after",
+        sluice::StoreOptions::default().unresponsive_after.max(timeout),
+    );
+    if unresponsive_after < timeout {
+        ck.at(
+            st.unresponsive_after.as_ref().map_or(0..0, |t| t.span()),
+            "store.unresponsive_after",
+            format!(
+                "must be at least store.timeout ({} ms): a server silent for less than one call's timeout cannot be told from a slow answer",
+                timeout.as_millis()
+            ),
+        );
+    }
     let failure_mode = match &st.failure_mode {
         None => FailureMode::Open,
         Some(f) => failure_mode(f.get_ref()).unwrap_or_else(|e| {
@@ -82,6 +98,7 @@ pub(super) fn check_store(ck: &mut Checker<'_>, st: &RawStore) -> StoreConfig {
     StoreConfig {
         url,
         timeout,
+        unresponsive_after,
         failure_mode,
         max_keys,
         max_memory,

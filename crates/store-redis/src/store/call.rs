@@ -21,14 +21,14 @@ async fn invoke(
     conn: &Conn,
     mode: ScriptMode,
     lua: &Lua,
-    function: &str,
+    function: &'static str,
     keys: &[String],
     args: &[String],
 ) -> Result<Value, RedisError> {
     match mode {
         ScriptMode::Eval => {
             let mut cmd = redis::cmd("EVALSHA");
-            cmd.arg(&lua.sha).arg(keys.len()).arg(keys).arg(args);
+            cmd.arg(&*lua.sha).arg(keys.len()).arg(keys).arg(args);
             match conn.query(&cmd).await {
                 Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                     // EVAL runs the script and caches it again on the node that owns the keys.
@@ -69,23 +69,31 @@ async fn invoke(
 /// [`invoke`] under `timeout`, with errors mapped to [`StoreError`].
 ///
 /// A call that outlives its timeout is a store failure only when the store has gone quiet.
-/// When the process is saturated (thousands of requests on two cores), the answer can sit
-/// unread in the socket past the timeout although the server spent a millisecond on it; so
-/// the connection's reader gets a chance to run first, and a standalone server that answered
-/// other calls within the timeout is alive: the call is then [`StoreError::Overloaded`],
-/// which is denied, never failed open.
+/// Two kinds of load make a healthy server's answer late: this process saturated (thousands
+/// of requests on two cores), so the answer sits unread in the socket although the server
+/// spent a millisecond on it; and the server itself busy (other processes' batches, other
+/// clients' scripts), so the call waits in the server's queue. Either way the server keeps
+/// answering calls. So the connection's reader gets a chance to run first, and a standalone
+/// server that answered any call within its silence window
+/// ([`crate::RedisOptions::unresponsive_after`]) is alive: the call is then
+/// [`StoreError::Overloaded`], which is denied, never failed open. A flood that slows the
+/// store down therefore cannot switch the limits off; a server that answers nothing for the
+/// whole window (paused, hung, partitioned) gets the policy's failure mode.
 pub(super) async fn invoke_timed(
     conn: &Conn,
     mode: ScriptMode,
     timeout: Duration,
     lua: &Lua,
-    function: &str,
-    keys: &[String],
-    args: &[String],
+    function: &'static str,
+    keys: Vec<String>,
+    args: Vec<String>,
 ) -> Result<Value, StoreError> {
     let ms = timeout.as_millis() as u64;
-    let call = invoke(conn, mode, lua, function, keys, args);
-    tokio::pin!(call);
+    let call = {
+        let (conn, lua) = (conn.clone(), lua.clone());
+        Box::pin(async move { invoke(&conn, mode, &lua, function, &keys, &args).await })
+    };
+    let mut call = call;
     let outcome = match tokio::time::timeout(timeout, &mut call).await {
         Ok(r) => Some(r),
         Err(_) => {
@@ -93,25 +101,65 @@ pub(super) async fn invoke_timed(
             for _ in 0..2 {
                 tokio::task::yield_now().await;
             }
-            futures::FutureExt::now_or_never(&mut call)
+            let now = futures::FutureExt::now_or_never(&mut call);
+            if now.is_none() {
+                // The answer still counts as a sign of life when it comes: a busy server
+                // answers every call late, and only noting answers that arrive in time would
+                // take it for a silent one.
+                let conn = conn.clone();
+                tokio::spawn(async move {
+                    match tokio::time::timeout(LATE_ANSWER_WAIT, call).await {
+                        Ok(r) if shows_life(&r) => conn.note_answer(),
+                        Ok(Err(e))
+                            if e.is_io_error()
+                                || e.is_connection_dropped()
+                                || e.is_connection_refusal() =>
+                        {
+                            conn.note_broken();
+                        }
+                        _ => {}
+                    }
+                });
+            }
+            now
         }
     };
+    let alive = outcome.is_none() && conn.answered_recently().await;
     match outcome {
-        None if conn.answered_within(timeout) => Err(StoreError::Overloaded(format!(
-            "no answer within {ms} ms while the server answered other calls: this process is \
-             too busy to read the store's answers in time"
+        None if alive => Err(StoreError::Overloaded(format!(
+            "no answer within {ms} ms while the server kept answering other calls: the store \
+             or this process is busy, not failing"
         ))),
         None => {
             conn.suspect();
             Err(StoreError::Timeout(ms))
         }
-        Some(Err(e)) => Err(match map_err(e) {
-            StoreError::Timeout(_) => StoreError::Timeout(ms),
-            other => other,
-        }),
-        Some(Ok(v)) => {
-            conn.note_answer();
-            Ok(v)
+        Some(r) => {
+            if shows_life(&r) {
+                conn.note_answer();
+            } else if let Err(e) = &r
+                && (e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal())
+            {
+                conn.note_broken();
+            }
+            r.map_err(|e| match map_err(e) {
+                StoreError::Timeout(_) => StoreError::Timeout(ms),
+                other => other,
+            })
+        }
+    }
+}
+
+/// How long the answer of a timed-out call is still awaited, to note that the server lives.
+const LATE_ANSWER_WAIT: Duration = Duration::from_secs(30);
+
+/// Whether a call's outcome came from the server: a reply, or an error the server sent.
+fn shows_life(r: &Result<Value, RedisError>) -> bool {
+    match r {
+        Ok(_) => true,
+        Err(e) => {
+            !(e.is_io_error() || e.is_connection_dropped() || e.is_timeout())
+                && matches!(e.kind(), ErrorKind::Server(_))
         }
     }
 }
@@ -124,7 +172,7 @@ pub(super) fn batch_runner(conn: Conn, timeout: Duration) -> crate::batch::Runne
         let (conn, lua) = (conn.clone(), Arc::clone(&lua));
         let timeout = batch_timeout(timeout, keys.len());
         Box::pin(async move {
-            invoke_timed(&conn, ScriptMode::Eval, timeout, &lua, "", &keys, &args).await
+            invoke_timed(&conn, ScriptMode::Eval, timeout, &lua, "", keys, args).await
         })
     })
 }
@@ -155,16 +203,16 @@ impl ReleaseContext {
             .clock
             .as_ref()
             .map_or_else(String::new, |c| c.now().to_string());
-        let keys = [key];
-        let args = [now, self.pad.clone(), token];
+        let keys = vec![key];
+        let args = vec![now, self.pad.clone(), token];
         let reply = invoke_timed(
             &self.conn,
             self.mode,
             self.timeout,
             &self.lua,
             scripts::FN_RELEASE,
-            &keys,
-            &args,
+            keys,
+            args,
         )
         .await?;
         match reply {

@@ -20,10 +20,25 @@ pub(crate) enum Conn {
     Sentinel(Arc<SentinelConn>),
 }
 
-/// When one server last answered a call: a server that answered within a call's timeout is
-/// alive, so that call's timeout says this process was too busy to read its answer.
-#[derive(Debug, Default)]
-pub(crate) struct LastAnswer(std::sync::atomic::AtomicU64);
+/// When one server last answered a call, and how long it may stay silent before it counts
+/// as unresponsive. A server that answered any call within that window is alive: a call
+/// that outlived its own timeout meanwhile waited behind other work (this process too busy
+/// to read its answers, or the server busy with other clients' calls), which is overload,
+/// not failure.
+#[derive(Debug)]
+pub(crate) struct LastAnswer {
+    ms: std::sync::atomic::AtomicU64,
+    window: Duration,
+    /// The server's TCP address, to tell a busy server from a dead one ([`Self::reachable`]).
+    addr: Option<(String, u16)>,
+    /// The latest reachability probe: when it ended and what it found.
+    probe: tokio::sync::Mutex<Option<(Instant, bool)>>,
+}
+
+/// How long one reachability probe's answer stands for the calls that time out after it.
+const PROBE_FRESH: Duration = Duration::from_millis(100);
+/// The longest a reachability probe waits for the TCP handshake.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(20);
 
 /// Process-wide origin of [`LastAnswer`]'s milliseconds.
 fn epoch() -> Instant {
@@ -32,16 +47,59 @@ fn epoch() -> Instant {
 }
 
 impl LastAnswer {
-    fn note(&self) {
-        let ms = epoch().elapsed().as_millis() as u64 + 1;
-        self.0.fetch_max(ms, Ordering::Relaxed);
+    /// No answer yet; silent for longer than `window` means unresponsive. `addr` is the
+    /// server's TCP address (none for a Unix socket).
+    pub(crate) fn new(window: Duration, addr: Option<(String, u16)>) -> Self {
+        Self {
+            ms: std::sync::atomic::AtomicU64::new(0),
+            window,
+            addr,
+            probe: tokio::sync::Mutex::new(None),
+        }
     }
 
-    fn within(&self, d: Duration) -> bool {
-        let last = self.0.load(Ordering::Relaxed);
+    /// The connection failed: the server's earlier answers say nothing about it now.
+    fn forget(&self) {
+        self.ms.store(0, Ordering::Relaxed);
+    }
+
+    /// Whether the server's port still accepts a TCP connection (within 20 ms). A busy or
+    /// paused Redis does (the kernel completes the handshake); a killed one refuses at once,
+    /// and an unreachable host does not answer. One probe serves every call that times out
+    /// within 100 ms of it.
+    async fn reachable(&self) -> bool {
+        let Some((host, port)) = &self.addr else {
+            return true;
+        };
+        let mut probe = self.probe.lock().await;
+        if let Some((at, up)) = *probe
+            && at.elapsed() < PROBE_FRESH
+        {
+            return up;
+        }
+        let up = matches!(
+            tokio::time::timeout(
+                PROBE_TIMEOUT,
+                tokio::net::TcpStream::connect((host.as_str(), *port))
+            )
+            .await,
+            Ok(Ok(_))
+        );
+        *probe = Some((Instant::now(), up));
+        up
+    }
+
+    fn note(&self) {
+        let ms = epoch().elapsed().as_millis() as u64 + 1;
+        self.ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// True when the server answered within `window` of now.
+    fn alive(&self) -> bool {
+        let last = self.ms.load(Ordering::Relaxed);
         last != 0
             && (epoch().elapsed().as_millis() as u64 + 1).saturating_sub(last)
-                < d.as_millis() as u64
+                < self.window.as_millis() as u64
     }
 }
 
@@ -53,12 +111,21 @@ impl Conn {
         }
     }
 
-    /// True when the server is known to have answered a call within `d`. Only a standalone
-    /// server can say: a Cluster's answers come from several nodes, one of which may be down.
-    pub(crate) fn answered_within(&self, d: Duration) -> bool {
+    /// True when the server is known to be alive: it answered a call within its silence
+    /// window ([`crate::RedisOptions::unresponsive_after`]), no call failed on the
+    /// connection since, and its port still accepts connections. Only a standalone server can
+    /// say: a Cluster's answers come from several nodes, one of which may be down.
+    pub(crate) async fn answered_recently(&self) -> bool {
         match self {
-            Conn::Single(_, last) => last.within(d),
+            Conn::Single(_, last) => last.alive() && last.reachable().await,
             _ => false,
+        }
+    }
+
+    /// Records that the connection failed (I/O error, dropped, refused).
+    pub(crate) fn note_broken(&self) {
+        if let Conn::Single(_, last) = self {
+            last.forget();
         }
     }
 
