@@ -185,8 +185,18 @@ async fn assert_enforced(s: &TestServer, tag: &str) {
     assert_eq!(admitted, 3, "the limit holds after recovery");
 }
 
-/// Runs open and closed load during a fault, checks latency, verdicts and metrics.
-async fn during_fault(s: &TestServer, tag: &str, what: &str, dur: Duration, unready: bool) {
+/// Runs open and closed load during a fault, checks latency, verdicts and metrics. With
+/// `silent`, the server went quiet without closing its connections (a pause) right after
+/// answering: for the first `store.unresponsive_after` (500 ms) that looks like a busy
+/// server, so fail-open policies are denied as overloaded before they fail open.
+async fn during_fault(
+    s: &TestServer,
+    tag: &str,
+    what: &str,
+    dur: Duration,
+    unready: bool,
+    silent: bool,
+) {
     let before = metrics(s).await;
     let (open_policy, closed_policy) = (format!("{tag}-open"), format!("{tag}-closed"));
     let (a, b) = tokio::join!(
@@ -203,7 +213,7 @@ async fn during_fault(s: &TestServer, tag: &str, what: &str, dur: Duration, unre
         );
     }
     assert!(
-        a.failed_open > 0 && a.failed_closed == 0 && a.denied == 0,
+        a.failed_open > 0 && (silent || a.failed_closed == 0) && a.denied == 0,
         "{a:?}"
     );
     assert!(b.failed_closed > 0 && b.failed_open == 0, "{b:?}");
@@ -220,12 +230,21 @@ async fn during_fault(s: &TestServer, tag: &str, what: &str, dur: Duration, unre
         a.failed_open as f64,
         "every fail-open answer is counted under its policy"
     );
-    assert_eq!(
+    let outcome = |policy: &str, outcome: &str| {
         delta(
             "sluice_decisions_total",
-            &[("policy", &closed_policy), ("outcome", "failed_closed")]
-        ),
+            &[("policy", policy), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(
+        outcome(&closed_policy, "failed_closed") + outcome(&closed_policy, "overloaded"),
         b.failed_closed as f64
+    );
+    // Overload answers (a silent server taken for a busy one) are counted as such.
+    assert_eq!(
+        outcome(&open_policy, "overloaded"),
+        a.failed_closed as f64,
+        "every overload answer is counted under its policy"
     );
     // Other tests of this binary may fail at the same time, so at least ours.
     assert!(delta("sluice_store_failures_total", &[("mode", "open")]) >= a.failed_open as f64);
@@ -264,6 +283,7 @@ async fn serve_redis_killed_then_restarted() {
         "Redis killed",
         Duration::from_millis(1200),
         true,
+        false,
     )
     .await;
 
@@ -299,6 +319,7 @@ async fn serve_redis_paused() {
         "CLIENT PAUSE",
         Duration::from_millis(800),
         true,
+        true,
     )
     .await;
     tokio::time::sleep((paused_at + pause).saturating_duration_since(Instant::now())).await;
@@ -333,6 +354,7 @@ async fn serve_redis_out_of_memory() {
         "oom",
         "maxmemory reached",
         Duration::from_millis(600),
+        false,
         false,
     )
     .await;
