@@ -14,16 +14,6 @@ use sluice_testkit::servers::RedisServer;
 /// The limit of the one identity every call spends.
 const LIMIT: u64 = 100;
 
-const BUSY_SCRIPT: &str = r"
-local t = redis.call('TIME')
-local start = t[1] * 1000000 + t[2]
-repeat
-  local n = redis.call('TIME')
-  local now = n[1] * 1000000 + n[2]
-until now - start >= tonumber(ARGV[1])
-return 1
-";
-
 fn config(redis_url: &str) -> String {
     format!(
         r#"
@@ -63,22 +53,7 @@ async fn a_busy_store_shared_by_three_servers_never_fails_open() {
     }
 
     // Another client keeps Redis busy: 40 scripts of 80 ms back to back (about 3.2 s).
-    let busy_client = sluice_redis::redis::Client::open(redis.url()).unwrap();
-    let mut busy_conn = busy_client
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
-    let busy = tokio::spawn(async move {
-        for _ in 0..40 {
-            let _: i64 = sluice_redis::redis::cmd("EVAL")
-                .arg(BUSY_SCRIPT)
-                .arg(0)
-                .arg(80_000)
-                .query_async(&mut busy_conn)
-                .await
-                .expect("busy script");
-        }
-    });
+    let busy = redis.keep_busy(40, Duration::from_millis(80));
 
     // 3 servers x 20 clients, each a check every 10 ms for 2.5 s: about 3,000 checks.
     let mut tasks = Vec::new();
@@ -120,7 +95,7 @@ async fn a_busy_store_shared_by_three_servers_never_fails_open() {
             }
         }
     }
-    busy.await.expect("busy client");
+    busy.join().expect("busy client");
     eprintln!("[reliability] three servers, busy Redis: {v:?}");
     assert!(
         v.failed_closed > 0,

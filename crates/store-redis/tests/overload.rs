@@ -44,13 +44,30 @@ impl Tally {
     }
 }
 
+/// The one identity's limit: `LIMIT` per 10 minutes.
+fn limit() -> Algorithm {
+    Algorithm::FixedWindow {
+        limit: LIMIT,
+        window_ms: 600_000,
+    }
+}
+
+/// Warms up: the connection and the script are in place, and the server has answered.
+async fn warm(store: &RedisStore, key: &str, algorithm: &Algorithm) {
+    store
+        .check(&[CheckItem {
+            key,
+            algorithm,
+            cost: 0,
+        }])
+        .await
+        .unwrap();
+}
+
 /// `BURST` checks of one key, all started at once on the calling (current-thread) runtime,
 /// so the later ones spend a long time queued behind the earlier ones.
 async fn burst(store: Arc<RedisStore>, key: &str) -> Tally {
-    let algorithm = Algorithm::FixedWindow {
-        limit: LIMIT,
-        window_ms: 600_000,
-    };
+    let algorithm = limit();
     let mut tasks = Vec::with_capacity(BURST);
     for _ in 0..BURST {
         let (store, key, algorithm) = (Arc::clone(&store), key.to_string(), algorithm.clone());
@@ -110,20 +127,9 @@ async fn a_stalled_process_is_overloaded_not_a_store_timeout() {
             .await
             .unwrap(),
     );
-    let algorithm = Algorithm::FixedWindow {
-        limit: LIMIT,
-        window_ms: 600_000,
-    };
-    // Warm up: the connection and the script are in place, the server has answered.
+    let algorithm = limit();
     let key = "rl:{overload:stall}:p".to_string();
-    store
-        .check(&[CheckItem {
-            key: &key,
-            algorithm: &algorithm,
-            cost: 0,
-        }])
-        .await
-        .unwrap();
+    warm(&store, &key, &algorithm).await;
     let mut tally = Tally::default();
     for _round in 0..20 {
         let mut tasks = Vec::new();
@@ -156,18 +162,6 @@ async fn a_stalled_process_is_overloaded_not_a_store_timeout() {
     assert!(tally.admitted <= LIMIT, "{tally:?}");
 }
 
-/// Burns the server's only thread for `ARGV[1]` µs: another client's expensive script, the
-/// way other processes' batches occupy a shared Redis.
-const BUSY_SCRIPT: &str = r"
-local t = redis.call('TIME')
-local start = t[1] * 1000000 + t[2]
-repeat
-  local n = redis.call('TIME')
-  local now = n[1] * 1000000 + n[2]
-until now - start >= tonumber(ARGV[1])
-return 1
-";
-
 /// A server busy with another client's work: it runs 80 ms scripts back to back for about
 /// 2.5 s, so checks sent meanwhile wait up to 80 ms in the server's own queue, past their
 /// 50 ms timeout, while the server keeps answering between the scripts. That is a busy
@@ -183,34 +177,11 @@ async fn a_server_busy_with_other_clients_is_overloaded_not_failed() {
             .await
             .unwrap(),
     );
-    let algorithm = Algorithm::FixedWindow {
-        limit: LIMIT,
-        window_ms: 600_000,
-    };
+    let algorithm = limit();
     let key = "rl:{overload:busy}:p".to_string();
-    store
-        .check(&[CheckItem {
-            key: &key,
-            algorithm: &algorithm,
-            cost: 0,
-        }])
-        .await
-        .unwrap();
-
-    // The other client: 30 busy scripts of 80 ms, one after another (about 2.4 s).
-    let client = sluice_redis::redis::Client::open(server.url()).unwrap();
-    let mut other = client.get_multiplexed_async_connection().await.unwrap();
-    let busy = tokio::spawn(async move {
-        for _ in 0..30 {
-            let _: i64 = sluice_redis::redis::cmd("EVAL")
-                .arg(BUSY_SCRIPT)
-                .arg(0)
-                .arg(80_000)
-                .query_async(&mut other)
-                .await
-                .expect("busy script");
-        }
-    });
+    warm(&store, &key, &algorithm).await;
+    // Another client: 30 scripts of 80 ms, one after another (about 2.4 s).
+    let busy = server.keep_busy(30, Duration::from_millis(80));
 
     // Checkers: 16 tasks, each a check every 5 ms, while the other client is busy.
     let mut tasks = Vec::new();
@@ -240,7 +211,7 @@ async fn a_server_busy_with_other_clients_is_overloaded_not_failed() {
     for t in tasks {
         tally.merge(t.await.expect("check task panicked"));
     }
-    busy.await.expect("busy client");
+    busy.join().expect("busy client");
     eprintln!("{tally:?}");
     assert!(tally.other_errors.is_empty(), "{:?}", tally.other_errors);
     assert!(

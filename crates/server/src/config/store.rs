@@ -37,7 +37,9 @@ pub(super) fn check_store(ck: &mut Checker<'_>, st: &RawStore) -> StoreConfig {
     let unresponsive_after = ck.duration(
         &st.unresponsive_after,
         "store.unresponsive_after",
-        sluice::StoreOptions::default().unresponsive_after.max(timeout),
+        sluice::StoreOptions::default()
+            .unresponsive_after
+            .max(timeout),
     );
     if unresponsive_after < timeout {
         ck.at(

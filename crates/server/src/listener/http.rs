@@ -42,9 +42,7 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{Instant, Sleep};
 use tower::ServiceExt;
 
-use super::{
-    AcceptBackoff, Admission, ConnectionBudget, IdleHandle, RejectReason, count_rejected,
-};
+use super::{AcceptBackoff, Admission, ConnectionBudget, IdleHandle, RejectReason, count_rejected};
 use crate::limits::ConnectionLimits;
 
 /// Which request paths a reserve connection may use on a listener.

@@ -512,11 +512,19 @@ mod tests {
     fn the_list_of_displaceable_connections_stays_bounded() {
         let b = ConnectionBudget::new(1_000, 0, 0);
         for i in 0..10_000u32 {
-            let a = b.admit("http", ip(&format!("10.0.{}.{}", i / 250, i % 250)), true, true);
+            let a = b.admit(
+                "http",
+                ip(&format!("10.0.{}.{}", i / 250, i % 250)),
+                true,
+                true,
+            );
             drop(a);
         }
         let len = b.counts.lock().displaceable.len();
-        assert!(len <= 2 * DISPLACE_SCAN + 1, "{len} entries kept for 0 open connections");
+        assert!(
+            len <= 2 * DISPLACE_SCAN + 1,
+            "{len} entries kept for 0 open connections"
+        );
     }
 
     #[test]

@@ -129,6 +129,24 @@ impl RedisServer {
         redis_cli(self.port, args)
     }
 
+    /// Keeps the server busy the way other clients' expensive work does: `scripts` Lua
+    /// scripts, one after another from another client (`redis-cli`), each spinning on the
+    /// server's only thread for `each`. Between two scripts the server answers everyone
+    /// else, so it stays responsive but slow. Join the handle to wait for the last one.
+    pub fn keep_busy(&self, scripts: u32, each: Duration) -> std::thread::JoinHandle<()> {
+        const SPIN: &str = "local t = redis.call('TIME') local start = t[1] * 1000000 + t[2] \
+            repeat local n = redis.call('TIME') until n[1] * 1000000 + n[2] - start >= tonumber(ARGV[1]) \
+            return 1";
+        let port = self.port;
+        let micros = each.as_micros().to_string();
+        std::thread::spawn(move || {
+            for _ in 0..scripts {
+                let out = redis_cli(port, &["EVAL", SPIN, "0", &micros]);
+                assert!(out.trim() == "1", "busy script: {out}");
+            }
+        })
+    }
+
     /// Whether the process is running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.as_mut().map(|c| c.try_wait()), Some(Ok(None)))
