@@ -374,3 +374,27 @@ fn admin_endpoints_on_a_public_address_need_a_token_or_an_override() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+fn unresponsive_after_defaults_to_half_a_second_and_is_never_below_the_timeout() {
+    let c = parse("");
+    assert_eq!(c.store.unresponsive_after, Duration::from_millis(500));
+    let c = parse("[store]\ntimeout = \"2s\"\n");
+    assert_eq!(
+        c.store.unresponsive_after,
+        Duration::from_secs(2),
+        "unset, it follows a longer timeout"
+    );
+    let c = parse("[store]\nunresponsive_after = \"50ms\"\n");
+    assert_eq!(
+        c.store.unresponsive_after,
+        Duration::from_millis(50),
+        "equal to the timeout: fail as soon as a call times out"
+    );
+    let e = errs("[store]\ntimeout = \"100ms\"\nunresponsive_after = \"60ms\"\n");
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].contains(":3: store.unresponsive_after: must be at least store.timeout (100 ms)"),
+        "{e:?}"
+    );
+}

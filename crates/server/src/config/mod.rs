@@ -276,10 +276,11 @@ impl Config {
     }
 
     /// The settings that need a new store connection when they change.
-    pub fn store_identity(&self) -> (String, Duration, usize, usize, u64, String) {
+    pub fn store_identity(&self) -> (String, Duration, Duration, usize, usize, u64, String) {
         (
             self.store.url.clone(),
             self.store.timeout,
+            self.store.unresponsive_after,
             self.store.max_keys,
             self.store.max_memory,
             self.store.local_share.to_bits(),
