@@ -91,7 +91,10 @@ impl LoopQueue {
         for Done { future, finish } in batch {
             let future = future.bind(py);
             // A cancelled await leaves its future done; its result is dropped, as asyncio does.
-            match future.call_method0(intern!(py, "done")).and_then(|d| d.is_truthy()) {
+            match future
+                .call_method0(intern!(py, "done"))
+                .and_then(|d| d.is_truthy())
+            {
                 Ok(false) => {}
                 _ => continue,
             }

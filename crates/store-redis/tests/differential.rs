@@ -279,7 +279,10 @@ async fn sliding_log_phases(kind: Kind, mode: ScriptMode, seed: u64) {
             denied += 1;
         }
     }
-    assert!(admitted > 100 && denied > 100, "{admitted} admitted, {denied} denied");
+    assert!(
+        admitted > 100 && denied > 100,
+        "{admitted} admitted, {denied} denied"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
