@@ -129,21 +129,39 @@ static QUEUES: Mutex<Vec<Arc<LoopQueue>>> = Mutex::new(Vec::new());
 
 /// The queue of `event_loop`, made (and its wake-up registered) on first use. Queues of closed
 /// loops are dropped then.
+///
+/// The lock is never held while Python code runs (`is_closed`, `add_reader`, a loop's
+/// finaliser): the interpreter may switch threads in the middle of it, and another thread's
+/// check would then wait for the lock while holding the GIL that this one needs.
 fn queue_of(event_loop: &Bound<'_, PyAny>) -> PyResult<Arc<LoopQueue>> {
     let py = event_loop.py();
-    let mut queues = QUEUES.lock();
-    if let Some(q) = queues.iter().find(|q| q.event_loop.bind(py).is(event_loop)) {
-        return Ok(Arc::clone(q));
+    // `is` compares pointers: no Python code runs under the lock here.
+    let found = QUEUES
+        .lock()
+        .iter()
+        .find(|q| q.event_loop.bind(py).is(event_loop))
+        .cloned();
+    if let Some(q) = found {
+        return Ok(q);
     }
-    queues.retain(|q| {
-        !q.event_loop
-            .bind(py)
-            .call_method0(intern!(py, "is_closed"))
-            .and_then(|c| c.is_truthy())
-            .unwrap_or(true)
-    });
+    let known: Vec<Arc<LoopQueue>> = QUEUES.lock().clone();
+    let closed: Vec<Arc<LoopQueue>> = known
+        .into_iter()
+        .filter(|q| {
+            q.event_loop
+                .bind(py)
+                .call_method0(intern!(py, "is_closed"))
+                .and_then(|c| c.is_truthy())
+                .unwrap_or(true)
+        })
+        .collect();
     let queue = new_queue(event_loop)?;
-    queues.push(Arc::clone(&queue));
+    {
+        let mut queues = QUEUES.lock();
+        queues.retain(|q| !closed.iter().any(|c| Arc::ptr_eq(c, q)));
+        queues.push(Arc::clone(&queue));
+    }
+    drop(closed);
     Ok(queue)
 }
 
