@@ -98,11 +98,56 @@ function withRelease(native, policy, result) {
 
 const noop = () => {};
 
+/** Verdict names by the code the addon sends (src/limiter.rs, `Completed`). */
+const VERDICTS = ['decided', 'failed_open', 'failed_closed'];
+/** Numbers and strings per check in a delivered batch (src/limiter.rs). */
+const NUMBERS_PER_CHECK = 8;
+const TEXTS_PER_CHECK = 3;
+
+/**
+ * The answer to a check, made from the addon's compact batch. `headers` is built from its
+ * text the first time it is read (most callers of `check` read only `allowed`): one string
+ * per check crosses from Rust, not an object of header strings.
+ */
+class CheckResult {
+  #rawHeaders;
+  #headers;
+
+  constructor(numbers, i, texts, j) {
+    this.allowed = numbers[i + 1] === 1;
+    this.remaining = numbers[i + 2];
+    this.limit = numbers[i + 3];
+    this.retryAfterMs = numbers[i + 4];
+    this.resetAfterMs = numbers[i + 5];
+    this.delayMs = numbers[i + 6];
+    this.verdict = VERDICTS[numbers[i + 7]];
+    this.reason = texts[j + 1] ?? undefined;
+    this.leaseToken = texts[j + 2] ?? undefined;
+    this.#rawHeaders = texts[j];
+    this.#headers = undefined;
+  }
+
+  /** `RateLimit-Policy`, `RateLimit` and, on a denial, `Retry-After` (name -> value). */
+  get headers() {
+    if (this.#headers === undefined) {
+      const h = {};
+      const parts = this.#rawHeaders ? this.#rawHeaders.split('\n') : [];
+      for (let k = 0; k + 1 < parts.length; k += 2) h[parts[k]] = parts[k + 1];
+      this.#headers = h;
+    }
+    return this.#headers;
+  }
+
+  toJSON() {
+    return { ...this, headers: this.headers };
+  }
+}
+
 /**
  * The checks of one limiter that are in flight: their resolve functions by id. Results come
  * back from the addon in batches (one wake-up of the event loop for all the checks that
- * finished meanwhile). The addon's delivery is weak, so while checks are pending a timer
- * keeps the process alive, as pending I/O would.
+ * finished meanwhile), as one array of numbers and one of strings. The addon's delivery is
+ * weak, so while checks are pending a timer keeps the process alive, as pending I/O would.
  */
 class InFlight {
   constructor() {
@@ -110,12 +155,13 @@ class InFlight {
     this.nextId = 0;
     this.keepAlive = null;
     this.deliver = (batch) => {
-      for (let i = 0; i < batch.length; i++) {
-        const { id, result } = batch[i];
+      const { numbers, texts } = batch;
+      for (let i = 0, j = 0; i < numbers.length; i += NUMBERS_PER_CHECK, j += TEXTS_PER_CHECK) {
+        const id = numbers[i];
         const resolve = this.resolvers.get(id);
         if (resolve === undefined) continue;
         this.resolvers.delete(id);
-        resolve(result);
+        resolve(new CheckResult(numbers, i, texts, j));
       }
       if (this.resolvers.size === 0 && this.keepAlive !== null) {
         clearInterval(this.keepAlive);
@@ -129,7 +175,7 @@ class InFlight {
     return new Promise((resolve, reject) => {
       const id = (this.nextId = (this.nextId + 1) >>> 0);
       try {
-        start(id);
+        start(id, reject);
       } catch (e) {
         reject(e);
         return;
@@ -138,6 +184,29 @@ class InFlight {
       if (this.keepAlive === null) this.keepAlive = setInterval(noop, 1 << 30);
     });
   }
+
+  /** Drops a check that never reached the addon. */
+  forget(id) {
+    this.resolvers.delete(id);
+    if (this.resolvers.size === 0 && this.keepAlive !== null) {
+      clearInterval(this.keepAlive);
+      this.keepAlive = null;
+    }
+  }
+}
+
+/**
+ * Identities of at most this many UTF-16 units are at most 512 UTF-8 bytes (the engine's
+ * bound), so they can be sent in a batch; longer ones go alone, where the addon measures them.
+ */
+const MAX_FAST_IDENTITY = 170;
+
+/** The cost of `options` when it is only `{ cost }` (a whole number) or `{}`, else undefined. */
+function fastCost(options) {
+  if (options === null || typeof options !== 'object' || options.credential !== undefined) return undefined;
+  const c = options.cost;
+  if (c === undefined) return 1;
+  return Number.isSafeInteger(c) && c >= 0 ? c : undefined;
 }
 
 /** A rate limiter on one store: `await Limiter.connect(url, options)`. */
@@ -150,6 +219,57 @@ class Limiter {
     // nobody references is collected with its connection.
     this.inFlight = new InFlight();
     inner.deliverTo(this.inFlight.deliver);
+    // Checks of text identities wait here for the end of the current turn of the event loop,
+    // then go to the addon in one call (`submitMany`): one crossing and one tokio task per
+    // batch rather than per check.
+    this.policyIds = new WeakMap();
+    this.batch = null;
+  }
+
+  /** The index `policy` is registered under for `submitMany`, or null (registry full). */
+  policyId(policy) {
+    let id = this.policyIds.get(policy);
+    if (id === undefined) {
+      id = this.native.registerPolicy(policy);
+      this.policyIds.set(policy, id);
+    }
+    return id;
+  }
+
+  /** A check queued for the next `submitMany`; a Promise of its result. */
+  queue(policy, policyId, identity, cost) {
+    let b = this.batch;
+    if (b === null) {
+      b = this.batch = { ids: [], policyIds: [], identities: [], costs: [], policies: [], rejects: [] };
+      queueMicrotask(() => this.flush());
+    }
+    return this.inFlight.add((id, reject) => {
+      b.ids.push(id);
+      b.policyIds.push(policyId);
+      b.identities.push(identity);
+      b.costs.push(cost);
+      b.policies.push(policy);
+      b.rejects.push(reject);
+    });
+  }
+
+  /** Sends the queued checks; if the addon refuses the batch, each alone (so only bad ones fail). */
+  flush() {
+    const b = this.batch;
+    this.batch = null;
+    if (b === null || b.ids.length === 0) return;
+    try {
+      this.native.submitMany(b.ids, b.policyIds, b.identities, b.costs);
+    } catch {
+      for (let i = 0; i < b.ids.length; i++) {
+        try {
+          this.native.submit(b.ids[i], b.policies[i], b.identities[i], { cost: b.costs[i] });
+        } catch (e) {
+          this.inFlight.forget(b.ids[i]);
+          b.rejects[i](e);
+        }
+      }
+    }
   }
 
   /** Connects to `memory` (default), `redis://`, `rediss://` or `redis+cluster://`. */
@@ -171,8 +291,16 @@ class Limiter {
     if (!(policy instanceof NativePolicy)) {
       return Promise.reject(invalidArg('check: the first argument must be a Policy'));
     }
-    const native = this.native;
-    const pending = this.inFlight.add((id) => native.submit(id, policy, identity ?? undefined, options));
+    let pending;
+    const cost = options === undefined ? 1 : fastCost(options);
+    const policyId = typeof identity === 'string' && cost !== undefined && identity.length > 0 &&
+      identity.length <= MAX_FAST_IDENTITY ? this.policyId(policy) : null;
+    if (policyId !== null) {
+      pending = this.queue(policy, policyId, identity, cost);
+    } else {
+      const native = this.native;
+      pending = this.inFlight.add((id) => native.submit(id, policy, identity ?? undefined, options));
+    }
     // Only concurrency policies take leases; other results are passed on as they come.
     if (!leasing(policy)) return pending;
     return pending.then((r) => (r.leaseToken ? withRelease(this.native, policy, r) : r));

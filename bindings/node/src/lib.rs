@@ -27,6 +27,14 @@ mod guard;
 mod limiter;
 mod policy;
 
+/// The addon's own allocator. A check allocates a few dozen small blocks (its identity and
+/// key, the script arguments, the reply, the result's strings), many freed on another tokio
+/// thread than the one that made them; glibc's malloc spent a fifth of the tokio threads' time
+/// on those (`perf`, docs/benchmarks.md). JS memory is V8's and unaffected; napi copies every
+/// value that crosses, so no block changes allocator.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use napi::{Error, Status};
 
 /// A JS error for bad input (`err.code === 'InvalidArg'`).

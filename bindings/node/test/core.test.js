@@ -257,3 +257,53 @@ test('a pending check keeps the process alive, and a finished one lets it exit',
   assert.equal(run.stdout.trim(), '[true,4]', 'the result arrived before the process ended');
   assert.ok(Date.now() - started < 10_000, 'and the process ended by itself');
 });
+
+test('thousands of checks in flight complete in batches, each with its own exact result', async () => {
+  for (const [store, url] of stores()) {
+    const limiter = await Limiter.connect(url, { timeoutMs: 5000 });
+    const policy = Policy.slidingLog('many', { limit: 7, window: '1h' });
+    const ids = Array.from({ length: 100 }, () => freshIdentity());
+    // 100 identities x 20 checks, all submitted in one turn of the event loop (one batch to
+    // the addon), interleaved; a few credential checks ride along on the one-by-one path.
+    const pending = [];
+    for (let j = 0; j < 2000; j++) pending.push(limiter.check(policy, ids[j % 100]));
+    const keyed = Array.from({ length: 5 }, () => limiter.check(policy, { credential: 'sk_many' }));
+    const results = await Promise.all(pending);
+    for (let i = 0; i < 100; i++) {
+      const mine = results.filter((_, j) => j % 100 === i);
+      const admitted = mine.filter((r) => r.allowed);
+      assert.equal(admitted.length, 7, `${store}: identity ${i}`);
+      assert.deepEqual(admitted.map((r) => r.remaining).sort(), [0, 1, 2, 3, 4, 5, 6], store);
+      assert.ok(mine.every((r) => r.limit === 7 && r.verdict === 'decided'), store);
+      const denied = mine.find((r) => !r.allowed);
+      assert.equal(denied.reason, 'limited', store);
+      assert.equal(denied.headers['RateLimit-Policy'], '"many";q=7;w=3600', store);
+      assert.ok(Number(denied.headers['Retry-After']) > 0, store);
+    }
+    assert.equal((await Promise.all(keyed)).filter((r) => r.allowed).length, 5, store);
+    // A result serialises with its headers, as a plain object would.
+    const json = JSON.parse(JSON.stringify(results[0]));
+    assert.equal(json.allowed, true);
+    assert.equal(json.headers['RateLimit-Policy'], '"many";q=7;w=3600');
+    assert.equal(json.leaseToken, undefined);
+  }
+});
+
+test('bad checks in the same turn as good ones fail alone', async () => {
+  const limiter = await Limiter.connect('memory');
+  const p = Policy.fixedWindow('mixed', { limit: 10, window: '1h' });
+  const id = freshIdentity();
+  const [a, b, c, d, e] = await Promise.allSettled([
+    limiter.check(p, id),
+    limiter.check(p, id, { cost: -2 }),
+    limiter.check(p, ''),
+    limiter.check(p, 'x'.repeat(600)),
+    limiter.check(p, id, { cost: 2 }),
+  ]);
+  assert.equal(a.status, 'fulfilled');
+  assert.match(b.reason.message, /cost must be a whole number/);
+  assert.match(c.reason.message, /identity must not be empty/);
+  assert.match(d.reason.message, /the most is 512/);
+  assert.equal(e.status, 'fulfilled');
+  assert.equal((await limiter.check(p, id, { cost: 0 })).remaining, 10 - 3);
+});

@@ -180,7 +180,7 @@ impl PyDecision {
     fn release<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let leases = std::mem::take(&mut *self.leases.lock());
         let limiter = self.limiter.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::completion::spawn(py, async move {
             release_all(&limiter, &leases)
                 .await
                 .map_err(StoreError::new_err)

@@ -106,7 +106,7 @@ impl HttpVerdict {
     fn release<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let leases = std::mem::take(&mut *self.leases.lock());
         let limiter = self.limiter.clone();
-        pyo3_async_runtimes::tokio::future_into_py(py, async move {
+        crate::completion::spawn(py, async move {
             release_all(&limiter, &leases)
                 .await
                 .map_err(StoreError::new_err)
@@ -358,7 +358,7 @@ impl HttpGuard {
     ) -> PyResult<Bound<'py, PyAny>> {
         let head = head(method, path, headers, client)?;
         let shared = Arc::clone(&self.shared);
-        pyo3_async_runtimes::tokio::future_into_py(py, async move { Ok(shared.decide(head).await) })
+        crate::completion::spawn(py, async move { Ok(shared.decide(head).await) })
     }
 
     /// `decide` for WSGI code; the GIL is released while the store answers.

@@ -8,10 +8,13 @@
 //! framework and [`http::HttpGuard`].
 //!
 //! Async methods run on a tokio runtime owned by the module (pyo3-async-runtimes) and return
-//! asyncio awaitables, so a check never blocks the event loop; the `_sync` variants release
-//! the GIL while they wait for the store.
+//! asyncio futures, so a check never blocks the event loop; finished checks are handed back
+//! to their loop in batches, one wake-up for all that finished meanwhile ([`completion`]).
+//! The `_sync` variants release the GIL while they wait for the store.
 //!
 //! # Layout
+//! - [`completion`]: asyncio futures completed from tokio in batches, without the GIL on
+//!   tokio's side.
 //! - [`policy`]: `Policy`, its per-algorithm constructors and `Policy.from_toml`.
 //! - [`decision`]: `Decision`, and the glue that turns a [`sluice::Checked`] into its numbers
 //!   and header values (the only part a Node binding would want to share).
@@ -20,6 +23,7 @@
 //!   ASGI/WSGI middleware and the FastAPI dependency.
 #![forbid(unsafe_code)]
 
+mod completion;
 mod decision;
 mod http;
 mod limiter;

@@ -243,7 +243,7 @@ impl PyLimiter {
         credential: Option<Secret>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let job = self.job(policy, identity, cost, credential)?;
-        pyo3_async_runtimes::tokio::future_into_py(py, async move { Ok(job.run().await) })
+        crate::completion::spawn(py, async move { Ok(job.run().await) })
     }
 
     /// `check` for synchronous code; the GIL is released while the store answers.

@@ -219,3 +219,69 @@ def test_the_async_check_does_not_block_the_event_loop(stopped_redis):
     d, ticks = asyncio.run(run())
     assert d.verdict == "failed_open"
     assert ticks >= 10
+
+
+@pytest.mark.parametrize("url", ["memory", "redis"])
+def test_thousands_of_concurrent_checks_complete_with_exact_counts(url, ident, redis_server):
+    """Checks finish in batches (one wake-up of the loop for many results): every awaitable
+    still gets its own decision, and each identity admits exactly its quota."""
+    async def run():
+        limiter = await Limiter.connect(redis_server.url if url == "redis" else url, timeout_ms=5000)
+        p = Policy.sliding_log("many", limit=7, window="1h")
+        ids = [f"{ident}:{i}" for i in range(100)]
+        # 100 identities x 20 checks, all in flight at once, interleaved.
+        ds = await asyncio.gather(*[limiter.check(p, ids[j % 100]) for j in range(2000)])
+        per_id = {}
+        for j, d in enumerate(ds):
+            assert d.limit == 7
+            per_id.setdefault(ids[j % 100], []).append(d)
+        return per_id
+
+    per_id = asyncio.run(run())
+    assert len(per_id) == 100
+    for ds in per_id.values():
+        assert sum(d.allowed for d in ds) == 7
+        # Within one identity the admitted ones count down 6..0, once each.
+        assert sorted(d.remaining for d in ds if d.allowed) == list(range(7))
+
+
+def test_a_cancelled_check_does_not_disturb_the_others(ident, redis_server):
+    async def run():
+        limiter = await Limiter.connect(redis_server.url, timeout_ms=5000)
+        p = Policy.fixed_window("cancel", limit=50, window="1h")
+        tasks = [asyncio.ensure_future(limiter.check(p, ident)) for _ in range(40)]
+        for t in tasks[::2]:
+            t.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        kept = [r for r in results if not isinstance(r, BaseException)]
+        cancelled = [r for r in results if isinstance(r, asyncio.CancelledError)]
+        # Each of the 40 checks reached the store (a cancelled await does not undo it): the
+        # next one sees 50 - 40 - 1 left.
+        after = await limiter.check(p, ident)
+        return kept, cancelled, after
+
+    kept, cancelled, after = asyncio.run(run())
+    assert (len(kept), len(cancelled)) == (20, 20)
+    assert all(d.allowed for d in kept)
+    assert after.remaining == 50 - 41
+
+
+def test_checks_from_event_loops_in_several_threads(ident, redis_server):
+    """Each loop gets its own results, woken through its own queue."""
+    limiter = Limiter.connect_sync(redis_server.url, timeout_ms=5000)
+    p = Policy.token_bucket("threads", capacity=30, rate="1/h")
+    out = {}
+
+    def worker(n):
+        async def run():
+            ds = await asyncio.gather(*[limiter.check(p, f"{ident}:{n}") for _ in range(50)])
+            return sum(d.allowed for d in ds)
+
+        out[n] = asyncio.run(run())
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert out == {0: 30, 1: 30, 2: 30, 3: 30}

@@ -163,17 +163,28 @@ local function log_member(id, cost)
   return id
 end
 
+-- Writes a log entry; one of cost > 1 also sets the marker (sliding_window_log.lua).
+local function log_add(key, t, id, cost)
+  if cost > 1 then
+    call('ZADD', key, t, log_member(id, cost), '+inf', LOG_MULTI_COST)
+  else
+    call('ZADD', key, t, id)
+  end
+end
+
+-- The log is read whole here (a charge or refund is rare); the marker, sorting last at +inf,
+-- is never taken for an entry.
 ADJUST.swl = function(key, now, charge, cost, pad, _, w, _, _, token)
   local now_ms = floor(now / 1000)
   local cutoff = now_ms - w
-  local raw, wrong = zentries(key)
+  local _, wrong = zentries(key)
   if wrong then
     call('DEL', key)
   end
   call('ZREMRANGEBYSCORE', key, '-inf', cutoff)
   if charge then
     if cost > 0 then
-      call('ZADD', key, now_ms, log_member(token, cost))
+      log_add(key, now_ms, token, cost)
     end
   else
     -- Newest first: ZRANGE lists by ascending score.
@@ -182,20 +193,25 @@ ADJUST.swl = function(key, now, charge, cost, pad, _, w, _, _, token)
     local i = #live - 1
     while left > 0 and i >= 1 do
       local m, t = live[i], live[i + 1]
-      local c = member_cost(m)
-      call('ZREM', key, m)
-      if c > left then
-        call('ZADD', key, t, log_member(token, c - left))
-        left = 0
-      else
-        left = left - c
+      if m ~= LOG_MULTI_COST then
+        local c = member_cost(m)
+        call('ZREM', key, m)
+        if c > left then
+          log_add(key, t, token, c - left)
+          left = 0
+        else
+          left = left - c
+        end
       end
       i = i - 2
     end
   end
-  local last = call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  local last = call('ZREVRANGEBYSCORE', key, '(+inf', '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
   if last[2] then
     call('PEXPIRE', key, tonumber(last[2]) + w - now_ms + pad)
+  else
+    -- No entry left (the marker alone, at most).
+    call('DEL', key)
   end
 end
 

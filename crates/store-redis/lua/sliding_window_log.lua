@@ -2,28 +2,80 @@
 --
 -- Item parameters: p1 = limit L, p2 = window W (ms); token = a unique id for the new entry.
 -- State: a sorted set, score = admission time (ms), member = `<token>` (cost 1) or
--- `<token>#<cost>`. An entry counts while now_ms - t < W.
--- Redis commands per decision: ZRANGE (all entries), then when admitted with cost > 0:
--- ZREMRANGEBYRANK (only if some entries expired), ZADD, PEXPIRE (2 to 4).
+-- `<token>#<cost>`. An entry counts while now_ms - t < W. While the set holds an entry of
+-- cost > 1 it also holds the member LOG_MULTI_COST at score +inf.
+--
+-- Why the marker: when every entry costs 1, the count is the number of entries, which Redis
+-- counts (ZCOUNT over the window) without sending them, so a check fetches at most two
+-- entries (the newest, for reset_after_ms; on a denial the one whose expiry makes room, for
+-- retry_after_ms) and costs O(log n) in the n entries of the window instead of O(n). The
+-- marker says when the costs must be summed from the members instead (the log is read
+-- whole, as before); it sorts last, where the newest-entry read sees it for free.
+-- Redis commands per decision, all cost 1: ZCOUNT, ZRANGE (newest; skipped on an empty
+-- window), and when denied ZRANGEBYSCORE (one entry); when admitted with cost > 0:
+-- ZREMRANGEBYSCORE (expired entries), ZADD, PEXPIRE (2 to 5). With the marker: ZCOUNT, ZRANGE
+-- (newest), ZRANGE (all), then when admitted ZREMRANGEBYSCORE, ZADD, ZREM (the marker, once no
+-- entry of cost > 1 is left), PEXPIRE.
+local LOG_MULTI_COST = '~cost>1'
+
+-- The live part of a log (entries with t > cutoff): {count, newest (nil when empty), wrong
+-- (the key holds another type), ts and cs (times and costs oldest first; only when read
+-- whole), multi (whether a live entry costs more than 1; only when read whole)}.
+local function log_read(key, cutoff)
+  local live = '(' .. cutoff
+  local c = pcall_('ZCOUNT', key, live, '+inf')
+  if type(c) ~= 'number' then
+    return { count = 0, wrong = true }
+  end
+  if c == 0 then
+    return { count = 0 }
+  end
+  local last = call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if last[1] ~= LOG_MULTI_COST then
+    return { count = c, newest = tonumber(last[2]) }
+  end
+  local raw = call('ZRANGE', key, 0, -1, 'WITHSCORES')
+  local log = { count = 0, ts = {}, cs = {}, multi = false }
+  for i = 1, #raw - 2, 2 do
+    local t = tonumber(raw[i + 1])
+    if t > cutoff then
+      local cost = member_cost(raw[i])
+      log.ts[#log.ts + 1] = t
+      log.cs[#log.cs + 1] = cost
+      log.count = log.count + cost
+      log.newest = t
+      if cost > 1 then
+        log.multi = true
+      end
+    end
+  end
+  return log
+end
+
+-- The time of the entry whose expiry first leaves room for `cost` (count + cost > limit).
+local function log_room_at(key, cutoff, log, cost, limit)
+  if log.ts == nil then
+    -- Every entry costs 1: the k-th to leave frees k, so it is the (count + cost - limit)-th
+    -- live entry, oldest first (1 <= that <= count as cost <= limit).
+    local e = call('ZRANGEBYSCORE', key, '(' .. cutoff, '+inf', 'WITHSCORES', 'LIMIT',
+      log.count + cost - limit - 1, 1)
+    return tonumber(e[2])
+  end
+  local cum = 0
+  for i = 1, #log.ts do
+    cum = cum + log.cs[i]
+    if log.count - cum + cost <= limit then
+      return log.ts[i]
+    end
+  end
+  return nil
+end
+
 CHECK.swl = function(key, now, cost, limit, w, _, _, token)
   local now_ms = floor(now / 1000)
   local cutoff = now_ms - w
-  local raw, wrong = zentries(key)
-  local expired = 0
-  local ts, cs = {}, {}
-  local count = 0
-  for i = 1, #raw, 2 do
-    local t = tonumber(raw[i + 1])
-    if t <= cutoff then
-      expired = expired + 1
-    else
-      local c = member_cost(raw[i])
-      ts[#ts + 1] = t
-      cs[#cs + 1] = c
-      count = count + c
-    end
-  end
-  local newest = ts[#ts]
+  local log = log_read(key, cutoff)
+  local count, newest = log.count, log.newest
   local function reset_of(n)
     if n == nil then
       return 0
@@ -41,13 +93,9 @@ CHECK.swl = function(key, now, cost, limit, w, _, _, token)
   end
   if count + cost > limit then
     local retry = 0
-    local cum = 0
-    for i = 1, #ts do
-      cum = cum + cs[i]
-      if count - cum + cost <= limit then
-        retry = ts[i] + w - now_ms
-        break
-      end
+    local t = log_room_at(key, cutoff, log, cost, limit)
+    if t then
+      retry = t + w - now_ms
     end
     return limited(limit, remaining_of(count), retry, reset_of(newest))
   end
@@ -61,16 +109,22 @@ CHECK.swl = function(key, now, cost, limit, w, _, _, token)
   local reset = reset_of(n)
   local d = allow(limit, remaining_of(count + cost), reset)
   return d, function(pad)
-    if wrong then
+    if log.wrong then
       call('DEL', key)
-    elseif expired > 0 then
-      call('ZREMRANGEBYRANK', key, 0, expired - 1)
+    elseif newest or log.ts then
+      call('ZREMRANGEBYSCORE', key, '-inf', cutoff)
+    else
+      -- Nothing live: whatever the key holds has expired.
+      call('DEL', key)
     end
-    local m = token
     if cost > 1 then
-      m = token .. '#' .. cost
+      call('ZADD', key, now_ms, token .. '#' .. cost, '+inf', LOG_MULTI_COST)
+    else
+      call('ZADD', key, now_ms, token)
+      if log.ts and not log.multi then
+        call('ZREM', key, LOG_MULTI_COST)
+      end
     end
-    call('ZADD', key, now_ms, m)
     call('PEXPIRE', key, reset + pad)
   end
 end

@@ -157,8 +157,10 @@ async fn commands_per_decision() {
                 limit: 1,
                 window_ms: 1_000_000,
             },
-            5.0,
-            2.0,
+            // Counted in Redis, not read: ZCOUNT, ZRANGE of the newest entry, and ZRANGEBYSCORE
+            // of one entry when denied or ZREMRANGEBYSCORE + ZADD + PEXPIRE when admitted.
+            6.0,
+            4.0,
         ),
         (
             "concurrency",
@@ -200,4 +202,52 @@ async fn commands_per_decision() {
         assert!(a <= max_admit, "{name}: {a} commands per admitted decision");
         assert!(d <= max_deny, "{name}: {d} commands per denied decision");
     }
+}
+
+/// The sliding log's reads stay the same however many entries its window holds, while every
+/// entry costs 1: one ZRANGE (the newest entry) per decision, never the whole set; a log that
+/// holds an entry of cost > 1 is read whole (a second ZRANGE) until that entry leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_log_reads_do_not_grow_with_its_entries() {
+    let server = RedisServer::redis();
+    let store = RedisStore::builder(server.url())
+        .timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap();
+    let long = Algorithm::SlidingWindowLog {
+        limit: 3000,
+        window_ms: 1_000_000_000,
+    };
+    let key = "rl:{cmd}:long-log";
+    // 2000 entries first, then 500 more measured: still one ZRANGE each.
+    let (_, us_small, _) = measure(&server, &store, &long, key, 2000).await;
+    let (a, us_large, detail) = measure(&server, &store, &long, key, 500).await;
+    let zrange = |detail: &str| {
+        detail
+            .split(' ')
+            .find_map(|kv| kv.strip_prefix("zrange="))
+            .map(|v| v.parse::<f64>().unwrap())
+    };
+    eprintln!(
+        "long log: {a:.2} commands ({detail}); EVALSHA {us_small:.2} µs over the first 2000, {us_large:.2} µs over the next 500"
+    );
+    assert_eq!(zrange(&detail), Some(1.0), "{detail}");
+    // Full now (2500 + 500 = 3000): denials read one more entry, not the log.
+    let (_, _, detail) = measure(&server, &store, &long, key, 600).await;
+    assert!(detail.contains("zrangebyscore="), "{detail}");
+    assert_eq!(zrange(&detail), Some(1.0), "{detail}");
+
+    // An entry of cost 2 switches this key to reading the set whole.
+    let multi = "rl:{cmd}:multi-cost-log";
+    store
+        .check(&[CheckItem {
+            key: multi,
+            algorithm: &long,
+            cost: 2,
+        }])
+        .await
+        .unwrap();
+    let (_, _, detail) = measure(&server, &store, &long, multi, 50).await;
+    assert_eq!(zrange(&detail), Some(2.0), "{detail}");
 }

@@ -229,3 +229,67 @@ async fn functions_equal_rust_on_redis_and_valkey() {
     every_algorithm_alone(Kind::Redis, ScriptMode::Functions).await;
     mixed_multi_checks(Kind::Valkey, ScriptMode::Functions).await;
 }
+
+/// A long sliding log through its two ways of counting: entries of cost 1 only (counted in
+/// Redis without being read), then entries of cost > 1 (the log read whole while one is in
+/// the window), then cost 1 again once they have left. Every decision equals Rust's.
+async fn sliding_log_phases(kind: Kind, mode: ScriptMode, seed: u64) {
+    let alg = Algorithm::SlidingWindowLog {
+        limit: 40,
+        window_ms: 2000,
+    };
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut now: u64 = 1_700_000_000_000_000 + rng.random_range(0..1_000_000_000);
+    let clock = ManualClock::new(now);
+    let store = manual_store(kind, &clock, mode).await;
+    let key = format!("rl:{{swl:{seed}}}:p");
+    let mut state: Option<State> = None;
+    let (mut admitted, mut denied) = (0, 0);
+    for n in 0..400 {
+        now = match (n, rng.random_range(0..100)) {
+            // The cost > 1 entries leave the window here.
+            (260, _) => now + 2_500_000,
+            (_, 0..20) => now,
+            (_, 20..95) => now + rng.random_range(0..60_000),
+            _ => now - rng.random_range(0..100_000),
+        };
+        clock.set(now);
+        let cost = match (n, rng.random_range(0..10)) {
+            (_, 0) => 0,
+            (180..260, _) => rng.random_range(1..=6),
+            _ => 1,
+        };
+        let got = store
+            .check(&[CheckItem {
+                key: &key,
+                algorithm: &alg,
+                cost,
+            }])
+            .await
+            .unwrap();
+        let want = algorithm::decide(&alg, state.as_ref(), now, cost, None);
+        assert_eq!(
+            got.decisions[0], want.decision,
+            "{kind:?} {mode:?} seed {seed} step {n} now {now} cost {cost}"
+        );
+        apply(&mut state, want.update);
+        if got.allowed {
+            admitted += 1;
+        } else {
+            denied += 1;
+        }
+    }
+    assert!(
+        admitted > 100 && denied > 100,
+        "{admitted} admitted, {denied} denied"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_log_counting_equals_rust() {
+    for seed in 0..3 {
+        sliding_log_phases(Kind::Redis, ScriptMode::Eval, seed).await;
+        sliding_log_phases(Kind::Valkey, ScriptMode::Functions, seed).await;
+        sliding_log_phases(Kind::Cluster, ScriptMode::Eval, seed).await;
+    }
+}
