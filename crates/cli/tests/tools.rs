@@ -193,14 +193,23 @@ fn race_shows_the_naive_race_and_sluice_exactness() {
         valkey().url(),
         cluster().url(),
     ] {
-        let r = race(&url, 200, 10);
-        assert_eq!(r["requests"], 200);
-        assert_eq!(r["limit"], 10);
-        assert_eq!(r["sluice_admitted"], 10, "{url}: {r}");
-        let naive = r["naive_admitted"].as_u64().unwrap();
+        // The naive path's race is a matter of scheduling: on a loaded machine one run can
+        // happen to interleave safely, so it gets three runs to show it. sluice must be exact
+        // in every run.
+        let mut naive = Vec::new();
+        for _ in 0..3 {
+            let r = race(&url, 200, 10);
+            assert_eq!(r["requests"], 200);
+            assert_eq!(r["limit"], 10);
+            assert_eq!(r["sluice_admitted"], 10, "{url}: {r}");
+            naive.push(r["naive_admitted"].as_u64().unwrap());
+            if naive.last() > Some(&10) {
+                break;
+            }
+        }
         assert!(
-            naive > 10,
-            "{url}: the naive GET+SET should admit more than the limit, got {naive}"
+            naive.iter().any(|&n| n > 10),
+            "{url}: the naive GET+SET should admit more than the limit, got {naive:?}"
         );
     }
 }
