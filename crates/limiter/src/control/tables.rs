@@ -149,25 +149,36 @@ fn ip_of(identity: &str) -> Option<IpNet> {
 /// the general parser. Anything else (IPv6, a network, leading zeros) is `None`, left to the
 /// general parser, which reads every address this one does the same way.
 fn dotted_quad(text: &str) -> Option<std::net::Ipv4Addr> {
-    let mut octets = [0u8; 4];
-    let mut parts = text.split('.');
-    for octet in &mut octets {
-        let part = parts.next()?.as_bytes();
-        if part.is_empty() || part.len() > 3 || (part.len() > 1 && part[0] == b'0') {
-            return None;
-        }
-        let mut value: u16 = 0;
-        for &c in part {
-            if !c.is_ascii_digit() {
-                return None;
-            }
-            value = value * 10 + u16::from(c - b'0');
-        }
-        *octet = u8::try_from(value).ok()?;
-    }
-    if parts.next().is_some() {
+    let bytes = text.as_bytes();
+    if bytes.len() > 15 {
         return None;
     }
+    let mut octets = [0u8; 4];
+    let (mut part, mut value, mut digits) = (0usize, 0u16, 0u8);
+    for (i, &c) in bytes.iter().enumerate() {
+        match c {
+            b'0'..=b'9' => {
+                // A leading zero is refused (the general parser refuses it too).
+                if digits == 1 && value == 0 {
+                    return None;
+                }
+                value = value * 10 + u16::from(c - b'0');
+                digits += 1;
+                if value > 255 {
+                    return None;
+                }
+            }
+            b'.' if digits > 0 && part < 3 && i + 1 < bytes.len() => {
+                octets[part] = value as u8;
+                (part, value, digits) = (part + 1, 0, 0);
+            }
+            _ => return None,
+        }
+    }
+    if part != 3 || digits == 0 {
+        return None;
+    }
+    octets[3] = value as u8;
     Some(std::net::Ipv4Addr::from(octets))
 }
 
@@ -765,12 +776,14 @@ mod tests {
     fn the_quick_ipv4_reader_agrees_with_the_general_one() {
         for text in [
             "10.0.0.1", "255.255.255.255", "0.0.0.0", "1.2.3", "1.2.3.4.5", "01.2.3.4",
-            "256.1.1.1", "1..2.3", "1.2.3.4/8", "a.b.c.d", "1.2.3.", "999.1.1.1", "",
+            "256.1.1.1", "1..2.3", "1.2.3.4/8", "a.b.c.d", "1.2.3.", "999.1.1.1", "", ".1.2.3",
+            "1.2.3.0", "1.0.0.00", "1.2.3.4 ", "10.20.30.40",
         ] {
-            let quick = dotted_quad(text);
-            if let Some(ip) = quick {
-                assert_eq!(text.parse::<std::net::Ipv4Addr>().ok(), Some(ip), "{text}");
-            }
+            assert_eq!(
+                dotted_quad(text),
+                text.parse::<std::net::Ipv4Addr>().ok(),
+                "{text}"
+            );
             assert_eq!(
                 ip_of(text),
                 text.parse::<IpNet>()
