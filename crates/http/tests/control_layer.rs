@@ -7,7 +7,7 @@
 mod support;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::routing::get as route;
@@ -99,8 +99,11 @@ async fn every_rule_through_the_layer_on_a_cluster() {
         .unwrap();
     let admin = Limiter::connect(&cluster.url(), options).await.unwrap();
     let control = ControlConfig {
-        plans: [("gold".to_string(), [("plan".to_string(), fixed("plan", 5).algorithm)].into())]
-            .into(),
+        plans: [(
+            "gold".to_string(),
+            [("plan".to_string(), fixed("plan", 5).algorithm)].into(),
+        )]
+        .into(),
         bans: [(
             "banned".to_string(),
             BanRule {
@@ -154,7 +157,11 @@ async fn every_rule_through_the_layer_on_a_cluster() {
         get(addr, "/plan", &[]).await.status == StatusCode::OK
     })
     .await;
-    assert_eq!(statuses(addr, "/plan", 3).await, [200, 200, 429], "5 in all");
+    assert_eq!(
+        statuses(addr, "/plan", 3).await,
+        [200, 200, 429],
+        "5 in all"
+    );
 
     // An allow entry bypasses the limit; a deny network answers 403.
     let me = ListEntry::parse(ME).unwrap();
@@ -193,7 +200,11 @@ async fn every_rule_through_the_layer_on_a_cluster() {
     .await;
     let left = admin.control().ban_left_ms(ME, "banned");
     tokio::time::sleep(Duration::from_millis(left + 50)).await;
-    assert_eq!(statuses(addr, "/banned", 2).await, [429, 429], "limited again");
+    assert_eq!(
+        statuses(addr, "/banned", 2).await,
+        [429, 429],
+        "limited again"
+    );
     within_a_second("second ban", || async {
         get(addr, "/banned", &[]).await.text().contains("banned")
     })
@@ -229,7 +240,11 @@ async fn every_rule_through_the_layer_on_a_cluster() {
         get(addr, "/refund", &[]).await.status == StatusCode::OK
     })
     .await;
-    assert_eq!(statuses(addr, "/refund", 3).await, [200, 200, 429], "3 given back");
+    assert_eq!(
+        statuses(addr, "/refund", 3).await,
+        [200, 200, 429],
+        "3 given back"
+    );
 
     // Counting only 401s: successes are free, the 4th failure is refused before the handler.
     for _ in 0..10 {
@@ -246,7 +261,7 @@ async fn every_rule_through_the_layer_on_a_cluster() {
     assert_eq!(admin.state(&me_id, &login).await.unwrap().remaining, 0);
 
     // A calendar month: 3 a month, and `RateLimit` counts to the 1st.
-    let now_s = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs();
+    let now_s = sluice::core::Clock::now(&sluice::core::SystemClock) / 1_000_000;
     let (_, end_ms) = CalendarPeriod::Month.bounds(now_s * 1000);
     let to_first = end_ms / 1000 - now_s;
     let r = get(addr, "/monthly", &[]).await;
@@ -257,6 +272,9 @@ async fn every_rule_through_the_layer_on_a_cluster() {
         .unwrap_or_else(|| panic!("{header}"))
         .parse()
         .unwrap();
-    assert!(t.abs_diff(to_first) <= 5, "t={t}, the 1st is {to_first} s away");
+    assert!(
+        t.abs_diff(to_first) <= 5,
+        "t={t}, the 1st is {to_first} s away"
+    );
     assert_eq!(statuses(addr, "/monthly", 3).await, [200, 200, 429]);
 }

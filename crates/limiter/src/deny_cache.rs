@@ -251,7 +251,10 @@ mod tests {
         // reset or refund on another instance may have made room).
         c.record("k", 1, 5_000, &limited(3_600_000));
         let d = c.lookup("k", 1, 1_004_999).unwrap();
-        assert_eq!(d.retry_after_ms, 3_599_001, "the store's retry time, not the trust's");
+        assert_eq!(
+            d.retry_after_ms, 3_599_001,
+            "the store's retry time, not the trust's"
+        );
         assert!(c.lookup("k", 1, 1_005_000).is_none());
     }
 

@@ -5,7 +5,7 @@
 //! Every change is made through one instance and checked on the other within a second.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use sluice::core::algorithm::calendar::CalendarPeriod;
 use sluice::{
@@ -33,7 +33,11 @@ async fn pair(url: &str) -> (Limiter, Limiter) {
     let a = Limiter::connect(url, options.clone()).await.unwrap();
     let b = Limiter::connect(url, options).await.unwrap();
     let plans = ControlConfig {
-        plans: [("gold".to_string(), [("planned".to_string(), fixed(5))].into())].into(),
+        plans: [(
+            "gold".to_string(),
+            [("planned".to_string(), fixed(5))].into(),
+        )]
+        .into(),
         ..Default::default()
     };
     a.control().configure(plans.clone());
@@ -86,7 +90,10 @@ async fn plan_override(a: &Limiter, b: &Limiter) {
     .await;
     assert_eq!(admitted(b, "p1", &p, 3).await, 2, "5 in all");
     let read = b.control().get_override("planned", "p1").await.unwrap();
-    assert_eq!(read.map(|o| o.target), Some(OverrideTarget::Plan("gold".into())));
+    assert_eq!(
+        read.map(|o| o.target),
+        Some(OverrideTarget::Plan("gold".into()))
+    );
     assert!(a.control().remove_override("planned", "p1").await.unwrap());
     within_a_second("override removed", || async {
         b.control()
@@ -111,7 +118,10 @@ async fn scoped_ban(a: &Limiter, b: &Limiter) {
     let c = b.check(&Identity::new("m1"), &scoped, 1).await;
     let left = c.limits[0].decision.as_ref().unwrap().retry_after_ms;
     assert!((28_000..=30_000).contains(&left), "retry after {left} ms");
-    assert!(b.check(&Identity::new("m1"), &free, 1).await.allowed, "out of scope");
+    assert!(
+        b.check(&Identity::new("m1"), &free, 1).await.allowed,
+        "out of scope"
+    );
     assert!(b.control().unban("m1").await.unwrap());
     within_a_second("ban lifted", || async {
         a.check(&Identity::new("m1"), &scoped, 1).await.allowed
@@ -135,19 +145,38 @@ async fn identity_lists(a: &Limiter, b: &Limiter) {
         .list_add(ListKind::Allow, &vip, Some(Duration::from_secs(60)))
         .await
         .unwrap();
-    within_a_second("allow", || async { remaining(b, "vip:1", &probe).await == 1 }).await;
-    assert_eq!(admitted(b, "vip:1", &p, 5).await, 5, "bypasses the limit of 2");
-    assert!(a.control().list_remove(ListKind::Allow, &vip).await.unwrap());
+    within_a_second("allow", || async {
+        remaining(b, "vip:1", &probe).await == 1
+    })
+    .await;
+    assert_eq!(
+        admitted(b, "vip:1", &p, 5).await,
+        5,
+        "bypasses the limit of 2"
+    );
+    assert!(
+        a.control()
+            .list_remove(ListKind::Allow, &vip)
+            .await
+            .unwrap()
+    );
     within_a_second("allow removed", || async {
         remaining(b, "vip:1", &probe).await == 0
     })
     .await;
-    assert_eq!(admitted(b, "vip:1", &p, 3).await, 2, "allowed checks consumed nothing");
+    assert_eq!(
+        admitted(b, "vip:1", &p, 3).await,
+        2,
+        "allowed checks consumed nothing"
+    );
 
     // A deny entry naming an identity (the checks while waiting consume from a large limit).
     let p = policy("denied", fixed(1_000));
     let bad = ListEntry::parse("user:bad").unwrap();
-    b.control().list_add(ListKind::Deny, &bad, None).await.unwrap();
+    b.control()
+        .list_add(ListKind::Deny, &bad, None)
+        .await
+        .unwrap();
     within_a_second("deny", || async {
         reason(a, "user:bad", &p).await == Some(DenyReason::Denied)
     })
@@ -166,15 +195,27 @@ async fn state_charge_refund_reset(a: &Limiter, b: &Limiter) {
     let s = b.state(&id, &p).await.unwrap();
     assert_eq!((s.limit, s.remaining), (10, 6));
     assert!(s.reset_after_ms > 0 && s.reset_after_ms <= 3_600_000);
-    assert_eq!(b.state(&id, &p).await.unwrap().remaining, 6, "state consumes nothing");
+    assert_eq!(
+        b.state(&id, &p).await.unwrap().remaining,
+        6,
+        "state consumes nothing"
+    );
     assert_eq!(b.charge(&id, &p, 3).await.unwrap().remaining, 3);
     assert_eq!(a.refund(&id, &p, 5).await.unwrap().remaining, 8);
-    assert_eq!(a.refund(&id, &p, 50).await.unwrap().remaining, 10, "bounded by capacity");
+    assert_eq!(
+        a.refund(&id, &p, 50).await.unwrap().remaining,
+        10,
+        "bounded by capacity"
+    );
     let d = b.charge(&id, &p, 25).await.unwrap();
     assert_eq!((d.allowed, d.remaining), (false, 0), "in debt");
     assert!(!a.check(&id, &p, 1).await.allowed);
     assert!(a.reset(&id, &p).await.unwrap());
-    assert_eq!(b.state(&id, &p).await.unwrap().remaining, 10, "reset restores");
+    assert_eq!(
+        b.state(&id, &p).await.unwrap().remaining,
+        10,
+        "reset restores"
+    );
     assert!(b.check(&id, &p, 10).await.allowed);
 
     // Under an override, the same operations use the overridden numbers.
@@ -200,7 +241,7 @@ async fn calendar_month(a: &Limiter, b: &Limiter) {
         },
     );
     let id = Identity::new("c1");
-    let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64;
+    let now_ms = sluice::core::Clock::now(&sluice::core::SystemClock) / 1000;
     let (_, end) = CalendarPeriod::Month.bounds(now_ms);
     let c = a.check(&id, &p, 1).await;
     assert!(c.allowed);
@@ -211,11 +252,19 @@ async fn calendar_month(a: &Limiter, b: &Limiter) {
         "reset after {} ms, the 1st is {expected} ms away",
         d.reset_after_ms
     );
-    assert_eq!(admitted(b, "c1", &p, 3).await, 2, "3 a month, on both instances");
+    assert_eq!(
+        admitted(b, "c1", &p, 3).await,
+        2,
+        "3 a month, on both instances"
+    );
     let c = a.check(&id, &p, 1).await;
     let d = c.limits[0].decision.as_ref().unwrap();
     assert_eq!(d.reason, Some(DenyReason::Limited));
-    assert!(d.retry_after_ms.abs_diff(expected) < 5_000, "{}", d.retry_after_ms);
+    assert!(
+        d.retry_after_ms.abs_diff(expected) < 5_000,
+        "{}",
+        d.retry_after_ms
+    );
 }
 
 async fn all_rows(url: &str) {

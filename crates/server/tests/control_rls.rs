@@ -122,21 +122,43 @@ async fn overrides_state_charge_refund_and_scoped_bans_reach_the_rls() {
     .await;
     assert_eq!(v["params"]["limit"], 4, "{v}");
     assert_eq!(oks(&mut c, "10.0.0.5", 6).await, 4);
-    assert_eq!(oks(&mut c, "10.0.0.6", 3).await, 2, "other descriptors keep 2");
+    assert_eq!(
+        oks(&mut c, "10.0.0.6", 3).await,
+        2,
+        "other descriptors keep 2"
+    );
 
     // Read without consuming, then reset: 4 again.
     let target = json!({"policy": POLICY, "identity": who("10.0.0.5")});
     let v = call(&s, Method::POST, "/v1/state", target.clone()).await;
-    assert_eq!((v["limit"].as_u64(), v["remaining"].as_u64()), (Some(4), Some(0)), "{v}");
+    assert_eq!(
+        (v["limit"].as_u64(), v["remaining"].as_u64()),
+        (Some(4), Some(0)),
+        "{v}"
+    );
     call(&s, Method::DELETE, "/v1/state", target).await;
-    assert_eq!(oks(&mut c, "10.0.0.5", 5).await, 4, "reset restores the limit");
+    assert_eq!(
+        oks(&mut c, "10.0.0.5", 5).await,
+        4,
+        "reset restores the limit"
+    );
 
     // Charge 2 of 2, refund 1: one more OK.
     let cost = |n: u64| json!({"policy": POLICY, "identity": who("10.0.0.7"), "cost": n});
-    assert_eq!(call(&s, Method::POST, "/v1/charge", cost(2)).await["remaining"], 0);
+    assert_eq!(
+        call(&s, Method::POST, "/v1/charge", cost(2)).await["remaining"],
+        0
+    );
     assert!(!ok(&mut c, "10.0.0.7").await);
-    assert_eq!(call(&s, Method::POST, "/v1/refund", cost(1)).await["remaining"], 1);
-    assert_eq!(oks(&mut c, "10.0.0.7", 2).await, 1, "the refund restores the cost");
+    assert_eq!(
+        call(&s, Method::POST, "/v1/refund", cost(1)).await["remaining"],
+        1
+    );
+    assert_eq!(
+        oks(&mut c, "10.0.0.7", 2).await,
+        1,
+        "the refund restores the cost"
+    );
 
     // A ban scoped to the Envoy policy, with the time left.
     call(
@@ -150,7 +172,13 @@ async fn overrides_state_charge_refund_and_scoped_bans_reach_the_rls() {
     assert_eq!(r.overall_code, Code::OverLimit as i32);
     assert_eq!(header(&r, "X-Sluice-Reason"), Some("banned"));
     assert_eq!(header(&r, "Retry-After"), Some("120"));
-    call(&s, Method::DELETE, "/v1/bans", json!({"identity": who("10.0.0.8")})).await;
+    call(
+        &s,
+        Method::DELETE,
+        "/v1/bans",
+        json!({"identity": who("10.0.0.8")}),
+    )
+    .await;
     assert!(ok(&mut c, "10.0.0.8").await, "lifted");
     s.stop().await;
 }
@@ -199,7 +227,13 @@ async fn a_change_through_one_instance_reaches_the_others_rls_on_a_cluster() {
     assert_eq!(oks(&mut rls, "10.1.0.1", 3).await, 2, "3 again");
 
     // A deny entry through a.
-    call(&a, Method::POST, "/v1/lists/deny", json!({"entry": "10.2.0.0/16"})).await;
+    call(
+        &a,
+        Method::POST,
+        "/v1/lists/deny",
+        json!({"entry": "10.2.0.0/16"}),
+    )
+    .await;
     within("deny", second, || async {
         let mut c = rls.clone();
         header(&ask(&mut c, "10.2.3.4").await, "X-Sluice-Reason") == Some("denied")

@@ -775,9 +775,24 @@ mod tests {
     #[test]
     fn the_quick_ipv4_reader_agrees_with_the_general_one() {
         for text in [
-            "10.0.0.1", "255.255.255.255", "0.0.0.0", "1.2.3", "1.2.3.4.5", "01.2.3.4",
-            "256.1.1.1", "1..2.3", "1.2.3.4/8", "a.b.c.d", "1.2.3.", "999.1.1.1", "", ".1.2.3",
-            "1.2.3.0", "1.0.0.00", "1.2.3.4 ", "10.20.30.40",
+            "10.0.0.1",
+            "255.255.255.255",
+            "0.0.0.0",
+            "1.2.3",
+            "1.2.3.4.5",
+            "01.2.3.4",
+            "256.1.1.1",
+            "1..2.3",
+            "1.2.3.4/8",
+            "a.b.c.d",
+            "1.2.3.",
+            "999.1.1.1",
+            "",
+            ".1.2.3",
+            "1.2.3.0",
+            "1.0.0.00",
+            "1.2.3.4 ",
+            "10.20.30.40",
         ] {
             assert_eq!(
                 dotted_quad(text),
@@ -800,23 +815,36 @@ mod tests {
         let mut t = Tables::default();
         let vip = ListEntry::parse("vip").unwrap();
         let net = ListEntry::parse("10.0.0.0/8").unwrap();
-        t.set_configured(&[vip.clone()], &[net.clone()], &HashMap::new());
+        t.set_configured(
+            std::slice::from_ref(&vip),
+            std::slice::from_ref(&net),
+            &HashMap::new(),
+        );
         t.list_insert(ListKind::Allow, &vip, Some(5_000));
         assert!(matches!(t.screen("vip", "p", &now), Found::Allowed));
         assert!(matches!(t.screen("ip:10.1.2.3", "p", &now), Found::Denied));
         // The runtime entry goes, the file's stays.
         assert!(t.list_remove(ListKind::Allow, &vip));
-        assert!(!t.list_remove(ListKind::Deny, &net), "the file's entry is not removable");
+        assert!(
+            !t.list_remove(ListKind::Deny, &net),
+            "the file's entry is not removable"
+        );
         assert!(matches!(t.screen("vip", "p", &now), Found::Allowed));
         // Tables read afresh from the store keep the file's entries.
         let mut fresh = Tables::default();
         fresh.adopt_configured(&t);
         assert!(matches!(fresh.screen("vip", "p", &now), Found::Allowed));
-        assert!(matches!(fresh.screen("ip:10.1.2.3", "p", &now), Found::Denied));
+        assert!(matches!(
+            fresh.screen("ip:10.1.2.3", "p", &now),
+            Found::Denied
+        ));
         // A file without them removes them.
         fresh.set_configured(&[], &[], &HashMap::new());
         assert!(fresh.is_empty());
-        assert!(matches!(fresh.screen("ip:10.1.2.3", "p", &now), Found::Pass));
+        assert!(matches!(
+            fresh.screen("ip:10.1.2.3", "p", &now),
+            Found::Pass
+        ));
     }
 
     #[test]
