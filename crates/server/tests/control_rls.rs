@@ -1,8 +1,9 @@
 //! The control rows `rls_control.rs` leaves out, through the Envoy rate limit service over
 //! real gRPC on loopback: an override of an Envoy limit's policy, a ban scoped to it, and
 //! `/v1/state` (read, reset), `/v1/charge` and `/v1/refund` on it, first on the embedded
-//! store, then on two `sluice serve` instances sharing a Redis Cluster (a change made
-//! through one is obeyed by the other's RLS answers).
+//! store, then on two `sluice serve` instances sharing a Redis Cluster (an override, a reset,
+//! a deny entry, a charge, a refund and a ban made through one are obeyed by the other's RLS
+//! answers).
 #![cfg(feature = "testing")]
 
 mod common;
@@ -251,6 +252,52 @@ async fn a_change_through_one_instance_reaches_the_others_rls_on_a_cluster() {
     .await;
     assert_eq!(v["remaining"], 1);
     assert_eq!(oks(&mut rls_a, "10.1.0.9", 2).await, 1);
+    // ... and a refund through b gives a's RLS the cost back (after a's remembered denial).
+    let v = call(
+        &b,
+        Method::POST,
+        "/v1/refund",
+        json!({"policy": POLICY, "identity": who("10.1.0.9"), "cost": 2}),
+    )
+    .await;
+    assert_eq!(v["remaining"], 2);
+    within("refund", second + Duration::from_millis(200), || async {
+        let mut c = rls_a.clone();
+        ok(&mut c, "10.1.0.9").await
+    })
+    .await;
+
+    // A manual ban through b, with the time left in a's answer; lifted through a.
+    call(
+        &b,
+        Method::POST,
+        "/v1/bans",
+        json!({"identity": who("10.1.0.10"), "duration": "1m"}),
+    )
+    .await;
+    within("ban", second, || async {
+        let mut c = rls_a.clone();
+        header(&ask(&mut c, "10.1.0.10").await, "X-Sluice-Reason") == Some("banned")
+    })
+    .await;
+    let retry: u64 = header(&ask(&mut rls_a, "10.1.0.10").await, "Retry-After")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((58..=60).contains(&retry), "{retry}");
+    call(
+        &a,
+        Method::DELETE,
+        "/v1/bans",
+        json!({"identity": who("10.1.0.10")}),
+    )
+    .await;
+    // (The checks while waiting for the ban may have used the limit up: wait for the reason.)
+    within("ban lifted", second, || async {
+        let mut c = rls.clone();
+        header(&ask(&mut c, "10.1.0.10").await, "X-Sluice-Reason") != Some("banned")
+    })
+    .await;
     a.stop().await;
     b.stop().await;
 }
