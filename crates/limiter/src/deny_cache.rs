@@ -12,6 +12,13 @@
 //! least `c`: every request the cache denies, the store would also have denied.
 //! Clock *rate* differences between this host and the store (ppm) are the only residue.
 //!
+//! # Resets and refunds
+//! A reset or a refund (`Limiter::reset`, `Limiter::refund`, `/v1/state`, `/v1/refund`) makes
+//! room before the time is up. This process forgets the key's denial at once; other instances
+//! cannot know, so a denial is trusted locally for at most [`MAX_TRUST_MS`]: a reset or refund
+//! through one instance reaches every other instance's next decision within a second, as
+//! control changes do, and a denied flood costs the store one call per key per second.
+//!
 //! # Where it is approximate (opt-in with [`DenyCacheMode::All`])
 //! Sliding window counter and log, and leaky bucket: their `retry_after` is exact for the key's
 //! state when decided, but the answers they give the client in between (remaining, reset) are
@@ -102,6 +109,9 @@ struct Denial {
 
 const SHARDS: usize = 16;
 
+/// The longest a remembered denial answers locally, ms (see the module docs).
+pub const MAX_TRUST_MS: u64 = 1_000;
+
 type Shard = Mutex<HashMap<Box<str>, Denial>>;
 
 /// Remembered denials by key, sharded, bounded.
@@ -182,7 +192,7 @@ impl DenyCache {
         }
         let retry_at = sent + decision.retry_after_ms * 1000;
         let denial = Denial {
-            until: retry_at - 1000,
+            until: (retry_at - 1000).min(sent + MAX_TRUST_MS * 1000),
             retry_at,
             reset_at: sent + decision.reset_after_ms * 1000,
             cost,
@@ -232,6 +242,20 @@ mod tests {
         assert!(c.lookup("k", 1, 203_999).is_some());
         assert!(c.lookup("k", 1, 204_000).is_none());
         assert_eq!(c.hits(), 2);
+    }
+
+    #[test]
+    fn a_long_denial_is_trusted_for_a_second_only() {
+        let c = DenyCache::new(100);
+        // Denied for an hour at 5 ms: answered locally until 1.005 s, then by the store (a
+        // reset or refund on another instance may have made room).
+        c.record("k", 1, 5_000, &limited(3_600_000));
+        let d = c.lookup("k", 1, 1_004_999).unwrap();
+        assert_eq!(
+            d.retry_after_ms, 3_599_001,
+            "the store's retry time, not the trust's"
+        );
+        assert!(c.lookup("k", 1, 1_005_000).is_none());
     }
 
     #[test]

@@ -28,7 +28,7 @@ use parking_lot::{Mutex, RwLock};
 use sluice_core::{Algorithm, Clock, Policy, StoreError, SystemClock};
 
 pub use tables::{BanEntry, ListEntry, OverrideEntry, OverrideTarget};
-use tables::{ListSet, Now, Tables};
+use tables::{Found, Now, Tables};
 
 /// How often an instance on a shared store asks whether the control entries changed.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
@@ -97,8 +97,6 @@ pub(crate) enum Screen {
 #[derive(Debug, Default)]
 struct Configured {
     config: ControlConfig,
-    allow: ListSet,
-    deny: ListSet,
 }
 
 #[derive(Debug)]
@@ -133,6 +131,8 @@ pub(crate) struct Shared {
     generation: std::sync::atomic::AtomicU64,
     backend: Backend,
     strikes: Mutex<Strikes>,
+    /// The policies overrides make, shared by the identities with the same parameters.
+    made: tables::MadePolicies,
     /// Itself, for background tasks that must not keep it alive.
     me: std::sync::OnceLock<std::sync::Weak<Shared>>,
 }
@@ -174,6 +174,7 @@ impl ControlPlane {
             generation: std::sync::atomic::AtomicU64::new(0),
             backend,
             strikes: Mutex::new(Strikes::default()),
+            made: tables::MadePolicies::default(),
             me: std::sync::OnceLock::new(),
         });
         let _ = shared.me.set(Arc::downgrade(&shared));
@@ -191,23 +192,19 @@ impl ControlPlane {
 
     /// Installs what the configuration says (plans, ban rules, the file's lists).
     pub fn configure(&self, config: ControlConfig) {
-        let mut allow = ListSet::default();
-        let mut deny = ListSet::default();
-        for e in &config.allow {
-            allow.insert(e, None);
-        }
-        for e in &config.deny {
-            deny.insert(e, None);
+        let mut configured = self.shared.configured.write();
+        {
+            let mut tables = self.shared.tables.write();
+            tables.set_configured(&config.allow, &config.deny, &config.plans);
+            // Under the tables' lock, so no override is resolved against the new plans
+            // under the old generation's number.
+            self.shared.generation.fetch_add(1, Ordering::Relaxed);
         }
         self.shared
             .has_ban_rules
             .store(!config.bans.is_empty(), Ordering::Relaxed);
-        *self.shared.configured.write() = Configured {
-            config,
-            allow,
-            deny,
-        };
-        self.shared.generation.fetch_add(1, Ordering::Relaxed);
+        *configured = Configured { config };
+        drop(configured);
         self.shared.update_active();
     }
 
@@ -246,13 +243,7 @@ impl ControlPlane {
                 self.shared
                     .tables
                     .write()
-                    .overrides
-                    .entry(policy.to_string())
-                    .or_default()
-                    .insert(
-                        identity.to_string(),
-                        tables::OverrideSlot::new(entry.clone()),
-                    );
+                    .set_override(policy, identity, entry.clone());
             }
             #[cfg(feature = "redis")]
             Backend::Redis(r) => {
@@ -283,16 +274,7 @@ impl ControlPlane {
     /// Removes an override; returns whether there was one.
     pub async fn remove_override(&self, policy: &str, identity: &str) -> Result<bool, StoreError> {
         let removed = match &self.shared.backend {
-            Backend::Local => {
-                let mut t = self.shared.tables.write();
-                let removed = t
-                    .overrides
-                    .get_mut(policy)
-                    .and_then(|m| m.remove(identity))
-                    .is_some();
-                t.overrides.retain(|_, m| !m.is_empty());
-                removed
-            }
+            Backend::Local => self.shared.tables.write().remove_override(policy, identity),
             #[cfg(feature = "redis")]
             Backend::Redis(r) => r.remove_override(&self.shared, policy, identity).await?,
         };
@@ -331,7 +313,7 @@ impl ControlPlane {
     /// Lifts every ban of `identity`; returns whether there was one.
     pub async fn unban(&self, identity: &str) -> Result<bool, StoreError> {
         let removed = match &self.shared.backend {
-            Backend::Local => self.shared.tables.write().bans.remove(identity).is_some(),
+            Backend::Local => self.shared.tables.write().remove_bans(identity),
             #[cfg(feature = "redis")]
             Backend::Redis(r) => r.unban(&self.shared, identity).await?,
         };
@@ -357,13 +339,7 @@ impl ControlPlane {
     ) -> Result<(), StoreError> {
         let expires = self.expiry(ttl);
         match &self.shared.backend {
-            Backend::Local => {
-                let mut t = self.shared.tables.write();
-                match kind {
-                    ListKind::Allow => t.allow.insert(entry, expires),
-                    ListKind::Deny => t.deny.insert(entry, expires),
-                }
-            }
+            Backend::Local => self.shared.tables.write().list_insert(kind, entry, expires),
             #[cfg(feature = "redis")]
             Backend::Redis(r) => r.list_add(&self.shared, kind, entry, expires).await?,
         }
@@ -375,13 +351,7 @@ impl ControlPlane {
     /// file's entries stay until the file changes).
     pub async fn list_remove(&self, kind: ListKind, entry: &ListEntry) -> Result<bool, StoreError> {
         let removed = match &self.shared.backend {
-            Backend::Local => {
-                let mut t = self.shared.tables.write();
-                match kind {
-                    ListKind::Allow => t.allow.remove(entry),
-                    ListKind::Deny => t.deny.remove(entry),
-                }
-            }
+            Backend::Local => self.shared.tables.write().list_remove(kind, entry),
             #[cfg(feature = "redis")]
             Backend::Redis(r) => r.list_remove(&self.shared, kind, entry).await?,
         };
@@ -407,49 +377,18 @@ impl ControlPlane {
         policy: &Arc<Policy>,
         now: &Now<'_>,
     ) -> Screen {
-        let configured = self.shared.configured.read();
         let tables = self.shared.tables.read();
-        // The identity's address is read once, and only when some list holds a network.
-        let lists = [
-            &configured.deny,
-            &tables.deny,
-            &configured.allow,
-            &tables.allow,
-        ];
-        let ip = if lists.iter().any(|l| l.has_nets()) {
-            tables::ip_of_identity(identity)
-        } else {
-            None
-        };
-        let on = |l: &ListSet| l.contains(identity, ip.as_ref(), now);
-        if on(&configured.deny) || on(&tables.deny) {
-            return Screen::Denied;
-        }
-        if on(&configured.allow) || on(&tables.allow) {
-            return Screen::Allowed;
-        }
-        let left = tables.ban_left_ms(identity, &policy.name, now);
-        if left > 0 {
-            return Screen::Banned(left);
-        }
-        let Some(o) = tables.override_of(&policy.name, identity, now) else {
-            return Screen::Pass;
-        };
-        let algorithm = match &o.entry.target {
-            OverrideTarget::Params(a) => Some(a),
-            OverrideTarget::Plan(plan) => configured
-                .config
-                .plans
-                .get(plan)
-                .and_then(|p| p.get(&policy.name)),
-        };
-        match algorithm {
+        match tables.screen(identity, &policy.name, now) {
+            Found::Pass => Screen::Pass,
+            Found::Denied => Screen::Denied,
+            Found::Allowed => Screen::Allowed,
+            Found::Banned(left) => Screen::Banned(left),
             // An override made for another algorithm (the policy changed since) is ignored.
-            Some(a) if a.kind() == policy.algorithm.kind() => {
+            Found::Override(o, Some(a)) if a.kind() == policy.algorithm.kind() => {
                 let generation = self.shared.generation.load(Ordering::Relaxed);
-                Screen::Override(o.resolve(policy, generation, a))
+                Screen::Override(o.resolve(policy, generation, a, &self.shared.made))
             }
-            _ => Screen::Pass,
+            Found::Override(..) => Screen::Pass,
         }
     }
 
@@ -549,10 +488,7 @@ impl Shared {
     }
 
     fn update_active(&self) {
-        let configured = self.configured.read();
-        let on = !self.tables.read().is_empty()
-            || !configured.allow.is_empty()
-            || !configured.deny.is_empty();
+        let on = !self.tables.read().is_empty();
         self.active.store(on, Ordering::Relaxed);
     }
 }

@@ -310,7 +310,11 @@ impl RedisControl {
         ];
         let reply = self.eval(LOAD, &keys, &[]).await?;
         let (version, tables) = parse_load(reply)?;
-        *shared.tables.write() = tables;
+        let mut tables = tables;
+        let mut current = shared.tables.write();
+        tables.adopt_configured(&current);
+        *current = tables;
+        drop(current);
         *self.loaded.lock() = Some(version);
         shared.update_active();
         Ok(())
@@ -365,10 +369,7 @@ fn parse_load(reply: Value) -> Result<(i64, Tables), StoreError> {
     let mut t = Tables::default();
     for (field, value) in pairs(&parts[1]) {
         if let Some((policy, identity, entry)) = tables::decode_override(&field, &value) {
-            t.overrides
-                .entry(policy)
-                .or_default()
-                .insert(identity, tables::OverrideSlot::new(entry));
+            t.set_override(&policy, &identity, entry);
         }
     }
     for (field, value) in pairs(&parts[2]) {
@@ -376,12 +377,12 @@ fn parse_load(reply: Value) -> Result<(i64, Tables), StoreError> {
             t.add_ban(&identity, ban);
         }
     }
-    for (list, part) in [(&mut t.allow, &parts[3]), (&mut t.deny, &parts[4])] {
+    for (kind, part) in [(ListKind::Allow, &parts[3]), (ListKind::Deny, &parts[4])] {
         for (field, value) in pairs(part) {
             if let (Ok(entry), Some(expires)) =
                 (ListEntry::parse(&field), tables::decode_expiry(&value))
             {
-                list.insert(&entry, expires);
+                t.list_insert(kind, &entry, expires);
             }
         }
     }

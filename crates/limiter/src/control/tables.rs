@@ -51,6 +51,8 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use sluice_core::Algorithm;
 
+use super::ListKind;
+
 /// What an override binds an identity of a policy to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum OverrideTarget {
@@ -113,112 +115,231 @@ impl ListEntry {
 
 /// The address or network an identity names, if it names one: a client-IP identity, a raw
 /// address or network, or an Envoy descriptor identity with a `remote_address` entry
-/// (`envoy:DOMAIN:remote_address=10.0.0.1`, its `:` escaped as `%3A`).
+/// (`envoy:DOMAIN:remote_address=10.0.0.1`, its `:` escaped as `%3A`). Every decision on a
+/// table with networks asks this, so what cannot be an address is turned away before any
+/// parser runs, and a network parser runs only on text with a `/`.
 fn ip_of(identity: &str) -> Option<IpNet> {
     if identity.starts_with("envoy:") {
         let (_, rest) = identity.rsplit_once("remote_address=")?;
-        let value = rest.split('/').next()?.replace("%3A", ":");
-        return ip_of(&value);
+        let value = rest.split('/').next()?;
+        if value.contains("%3A") {
+            return ip_of(&value.replace("%3A", ":"));
+        }
+        return ip_of(value);
     }
     let bare = identity
         .strip_prefix("ip:")
         .or_else(|| identity.strip_prefix("ip6:"))
         .unwrap_or(identity);
-    if let Ok(net) = bare.parse::<IpNet>() {
-        return Some(net);
+    if !bare.starts_with(|c: char| c.is_ascii_hexdigit() || c == ':') {
+        return None;
+    }
+    if let Some(v4) = dotted_quad(bare) {
+        return Some(IpNet::from(IpAddr::from(v4)));
+    }
+    if bare.contains('/') {
+        return bare.parse::<IpNet>().ok();
     }
     bare.parse::<IpAddr>()
         .ok()
         .map(|ip| IpNet::from(ip.to_canonical()))
 }
 
-/// Identities and networks of one list, each with its expiry (Unix ms, `None` = never).
-/// Networks are grouped by prefix length, so matching an address costs one hash lookup per
-/// distinct length on the list, however many networks it holds.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct ListSet {
-    exact: FastMap<String, Option<u64>>,
-    nets: FastMap<IpNet, Option<u64>>,
-    /// The prefix lengths present among `nets`, IPv4 then IPv6, each counted.
-    lengths: std::collections::BTreeMap<(bool, u8), usize>,
+/// `a.b.c.d` read in one pass: the common client-IP identity, several times cheaper than
+/// the general parser. Anything else (IPv6, a network, leading zeros) is `None`, left to the
+/// general parser, which reads every address this one does the same way.
+fn dotted_quad(text: &str) -> Option<std::net::Ipv4Addr> {
+    let bytes = text.as_bytes();
+    if bytes.len() > 15 {
+        return None;
+    }
+    let mut octets = [0u8; 4];
+    let (mut part, mut value, mut digits) = (0usize, 0u16, 0u8);
+    for (i, &c) in bytes.iter().enumerate() {
+        match c {
+            b'0'..=b'9' => {
+                // A leading zero is refused (the general parser refuses it too).
+                if digits == 1 && value == 0 {
+                    return None;
+                }
+                value = value * 10 + u16::from(c - b'0');
+                digits += 1;
+                if value > 255 {
+                    return None;
+                }
+            }
+            b'.' if digits > 0 && part < 3 && i + 1 < bytes.len() => {
+                octets[part] = value as u8;
+                (part, value, digits) = (part + 1, 0, 0);
+            }
+            _ => return None,
+        }
+    }
+    if part != 3 || digits == 0 {
+        return None;
+    }
+    octets[3] = value as u8;
+    Some(std::net::Ipv4Addr::from(octets))
 }
 
-impl ListSet {
-    pub(crate) fn insert(&mut self, entry: &ListEntry, expires: Option<u64>) {
-        match entry {
-            ListEntry::Identity(s) => {
-                self.exact.insert(s.clone(), expires);
-            }
-            ListEntry::Net(n) => {
-                let n = n.trunc();
-                if self.nets.insert(n, expires).is_none() {
-                    *self.lengths.entry(length_key(&n)).or_default() += 1;
-                }
-            }
+/// A place on one list: written in the configuration file (kept until the file changes),
+/// added at runtime (with its expiry, Unix ms, `None` = never), or both.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Listed {
+    configured: bool,
+    runtime: Option<Option<u64>>,
+}
+
+impl Listed {
+    fn is_empty(&self) -> bool {
+        !self.configured && self.runtime.is_none()
+    }
+
+    fn live(&self, now: &Now<'_>) -> bool {
+        self.configured || self.runtime.is_some_and(|e| e.is_none_or(|t| t > now.ms()))
+    }
+}
+
+/// The places of one identity or network on the two lists.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Lists {
+    allow: Listed,
+    deny: Listed,
+}
+
+impl Lists {
+    fn of(&mut self, kind: ListKind) -> &mut Listed {
+        match kind {
+            ListKind::Allow => &mut self.allow,
+            ListKind::Deny => &mut self.deny,
         }
     }
 
-    pub(crate) fn remove(&mut self, entry: &ListEntry) -> bool {
-        match entry {
-            ListEntry::Identity(s) => self.exact.remove(s).is_some(),
-            ListEntry::Net(n) => {
-                let n = n.trunc();
-                if self.nets.remove(&n).is_none() {
-                    return false;
-                }
-                let key = length_key(&n);
-                if let Some(c) = self.lengths.get_mut(&key) {
-                    *c -= 1;
-                    if *c == 0 {
-                        self.lengths.remove(&key);
-                    }
-                }
-                true
-            }
+    fn is_empty(&self) -> bool {
+        self.allow.is_empty() && self.deny.is_empty()
+    }
+}
+
+/// Everything the tables hold about one identity: one probe answers "listed, banned or
+/// overridden" for a decision.
+#[derive(Debug, Default)]
+struct IdentityEntries {
+    lists: Lists,
+    bans: Vec<BanEntry>,
+    /// By policy name (an identity has overrides for a few policies at most).
+    overrides: Vec<(Box<str>, OverrideSlot)>,
+}
+
+impl IdentityEntries {
+    fn is_empty(&self) -> bool {
+        self.lists.is_empty() && self.bans.is_empty() && self.overrides.is_empty()
+    }
+
+    fn override_of(&self, policy: &str, now: &Now<'_>) -> Option<&OverrideSlot> {
+        self.overrides
+            .iter()
+            .find(|(p, _)| &**p == policy)
+            .map(|(_, o)| o)
+            .filter(|o| o.entry.expires_at_ms.is_none_or(|t| t > now.ms()))
+    }
+
+    fn ban_left_ms(&self, policy: &str, now: &Now<'_>) -> u64 {
+        if self.bans.is_empty() {
+            return 0;
         }
-    }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.exact.is_empty() && self.nets.is_empty()
-    }
-
-    /// Whether the list holds any network.
-    pub(crate) fn has_nets(&self) -> bool {
-        !self.nets.is_empty()
-    }
-
-    /// Whether `identity` (whose address or network is `ip`, see [`ip_of_identity`]) is on
-    /// the list at `now_ms`.
-    pub(crate) fn contains(&self, identity: &str, ip: Option<&IpNet>, now: &Now<'_>) -> bool {
-        let live = |e: &Option<u64>| e.is_none_or(|t| t > now.ms());
-        if self.exact.get(identity).is_some_and(live) {
-            return true;
-        }
-        let Some(ip) = ip.filter(|_| !self.nets.is_empty()) else {
-            return false;
-        };
-        let v4 = matches!(ip, IpNet::V4(_));
-        self.lengths
-            .keys()
-            .filter(|(family, len)| *family == v4 && *len <= ip.prefix_len())
-            .any(|&(_, len)| {
-                IpNet::new(ip.addr(), len)
-                    .ok()
-                    .and_then(|n| self.nets.get(&n.trunc()))
-                    .is_some_and(live)
+        let now_ms = now.ms();
+        self.bans
+            .iter()
+            .filter(|b| b.until_ms > now_ms)
+            .filter(|b| {
+                b.policies
+                    .as_ref()
+                    .is_none_or(|ps| ps.iter().any(|p| p == policy))
             })
+            .map(|b| b.until_ms - now_ms)
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// The networks of both lists. They are grouped by prefix length, so matching an address
+/// costs one hash lookup per distinct length present, however many networks there are.
+#[derive(Debug, Default)]
+struct Networks {
+    nets: FastMap<IpNet, Lists>,
+    /// (IPv4?, prefix length) of the networks present, each with how many, sorted.
+    lengths: Vec<((bool, u8), usize)>,
+}
+
+impl Networks {
+    fn is_empty(&self) -> bool {
+        self.nets.is_empty()
+    }
+
+    fn entry(&mut self, n: IpNet) -> &mut Lists {
+        let key = length_key(&n);
+        let lengths = &mut self.lengths;
+        self.nets.entry(n).or_insert_with(|| {
+            match lengths.binary_search_by_key(&key, |&(k, _)| k) {
+                Ok(i) => lengths[i].1 += 1,
+                Err(i) => lengths.insert(i, (key, 1)),
+            }
+            Lists::default()
+        })
+    }
+
+    /// Drops `n` if nothing is left on it.
+    fn prune(&mut self, n: &IpNet) {
+        if !self.nets.get(n).is_some_and(Lists::is_empty) {
+            return;
+        }
+        self.nets.remove(n);
+        let key = length_key(n);
+        if let Ok(i) = self.lengths.binary_search_by_key(&key, |&(k, _)| k) {
+            self.lengths[i].1 -= 1;
+            if self.lengths[i].1 == 0 {
+                self.lengths.remove(i);
+            }
+        }
+    }
+
+    /// Which list `ip` is on through a network containing it (deny first), if any.
+    fn find(&self, ip: &IpNet, now: &Now<'_>) -> Option<ListKind> {
+        let v4 = matches!(ip, IpNet::V4(_));
+        let mut allowed = false;
+        for &((family, len), _) in &self.lengths {
+            if family != v4 || len > ip.prefix_len() {
+                continue;
+            }
+            let Some(lists) = IpNet::new(ip.addr(), len)
+                .ok()
+                .and_then(|n| self.nets.get(&n.trunc()))
+            else {
+                continue;
+            };
+            if lists.deny.live(now) {
+                return Some(ListKind::Deny);
+            }
+            allowed |= lists.allow.live(now);
+        }
+        allowed.then_some(ListKind::Allow)
+    }
+
+    /// Every network of `kind` and its place.
+    fn of_kind(&self, kind: ListKind) -> impl Iterator<Item = (IpNet, Listed)> + '_ {
+        self.nets.iter().filter_map(move |(n, l)| {
+            let listed = match kind {
+                ListKind::Allow => l.allow,
+                ListKind::Deny => l.deny,
+            };
+            (!listed.is_empty()).then_some((*n, listed))
+        })
     }
 }
 
 fn length_key(n: &IpNet) -> (bool, u8) {
     (matches!(n, IpNet::V4(_)), n.prefix_len())
 }
-
-/// The address or network an identity names, for matching list networks.
-pub(crate) fn ip_of_identity(identity: &str) -> Option<IpNet> {
-    ip_of(identity)
-}
-
 /// An override and the policy it makes, built on first use and kept while the policy it was
 /// built from and the configuration's plans stay the same (a decision then costs an `Arc`
 /// clone, not a copy of the policy).
@@ -243,12 +364,14 @@ impl OverrideSlot {
         }
     }
 
-    /// `base` with `algorithm`, remembered for `generation` of the plans.
+    /// `base` with `algorithm`, remembered for `generation` of the plans; made by `made`,
+    /// so slots with the same parameters share one policy.
     pub(crate) fn resolve(
         &self,
         base: &std::sync::Arc<sluice_core::Policy>,
         generation: u64,
         algorithm: &Algorithm,
+        made: &MadePolicies,
     ) -> std::sync::Arc<sluice_core::Policy> {
         let mut cached = self.resolved.lock();
         if let Some(r) = cached.as_ref()
@@ -257,9 +380,7 @@ impl OverrideSlot {
         {
             return std::sync::Arc::clone(&r.policy);
         }
-        let mut p = (**base).clone();
-        p.algorithm = algorithm.clone();
-        let policy = std::sync::Arc::new(p);
+        let policy = made.get(base, generation, algorithm);
         *cached = Some(Resolved {
             generation,
             base: std::sync::Arc::clone(base),
@@ -269,21 +390,115 @@ impl OverrideSlot {
     }
 }
 
-/// Every runtime entry: overrides by policy then identity, bans by identity, the two lists.
+/// The policies overrides make, one per base policy and parameters: a thousand identities
+/// on one plan (or with the same numbers) share one policy, so deciding for them keeps one
+/// policy in the CPU's cache instead of one per identity.
+#[derive(Debug, Default)]
+pub(crate) struct MadePolicies(parking_lot::Mutex<FastMap<(usize, Algorithm), Resolved>>);
+
+/// The most distinct policies [`MadePolicies`] keeps (it starts over beyond).
+const MAX_MADE_POLICIES: usize = 4096;
+
+impl MadePolicies {
+    fn get(
+        &self,
+        base: &std::sync::Arc<sluice_core::Policy>,
+        generation: u64,
+        algorithm: &Algorithm,
+    ) -> std::sync::Arc<sluice_core::Policy> {
+        let mut made = self.0.lock();
+        let key = (std::sync::Arc::as_ptr(base) as usize, algorithm.clone());
+        if let Some(r) = made.get(&key)
+            && r.generation == generation
+            && std::sync::Arc::ptr_eq(&r.base, base)
+        {
+            return std::sync::Arc::clone(&r.policy);
+        }
+        if made.len() >= MAX_MADE_POLICIES {
+            made.clear();
+        }
+        let mut p = (**base).clone();
+        p.algorithm = algorithm.clone();
+        let policy = std::sync::Arc::new(p);
+        made.insert(
+            key,
+            Resolved {
+                generation,
+                base: std::sync::Arc::clone(base),
+                policy: std::sync::Arc::clone(&policy),
+            },
+        );
+        policy
+    }
+}
+
+/// What the tables say about one identity under one policy (see [`Tables::screen`]).
+#[derive(Debug)]
+pub(crate) enum Found<'a> {
+    Pass,
+    Denied,
+    Allowed,
+    Banned(u64),
+    /// A live override; the parameters it names for the policy (`None`: a plan without them).
+    Override(&'a OverrideSlot, Option<&'a Algorithm>),
+}
+
+/// Every entry a decision reads, as one table: identities (with their list places, bans and
+/// overrides) and the lists' networks. The entries of the configuration file's lists are kept
+/// here too, marked as such, so a decision probes one table for the identity and, only when
+/// some network is listed and the identity names an address, one per prefix length.
 #[derive(Debug, Default)]
 pub(crate) struct Tables {
-    pub(crate) overrides: FastMap<String, FastMap<String, OverrideSlot>>,
-    pub(crate) bans: FastMap<String, Vec<BanEntry>>,
-    pub(crate) allow: ListSet,
-    pub(crate) deny: ListSet,
+    identities: FastMap<Box<str>, IdentityEntries>,
+    networks: Networks,
+    /// The configuration's plans (plan name, then policy name), for plan overrides.
+    plans: std::sync::Arc<HashMap<String, HashMap<String, Algorithm>>>,
 }
 
 impl Tables {
     pub(crate) fn is_empty(&self) -> bool {
-        self.overrides.is_empty()
-            && self.bans.is_empty()
-            && self.allow.is_empty()
-            && self.deny.is_empty()
+        self.identities.is_empty() && self.networks.is_empty()
+    }
+
+    /// What applies to `identity` under `policy`, in order: deny list, allow list, ban,
+    /// override.
+    pub(crate) fn screen(&self, identity: &str, policy: &str, now: &Now<'_>) -> Found<'_> {
+        let entries = if self.identities.is_empty() {
+            None
+        } else {
+            self.identities.get(identity)
+        };
+        if entries.is_some_and(|e| e.lists.deny.live(now)) {
+            return Found::Denied;
+        }
+        let mut allowed = entries.is_some_and(|e| e.lists.allow.live(now));
+        if !self.networks.is_empty()
+            && let Some(ip) = ip_of(identity)
+        {
+            match self.networks.find(&ip, now) {
+                Some(ListKind::Deny) => return Found::Denied,
+                Some(ListKind::Allow) => allowed = true,
+                None => {}
+            }
+        }
+        if allowed {
+            return Found::Allowed;
+        }
+        let Some(e) = entries else {
+            return Found::Pass;
+        };
+        let left = e.ban_left_ms(policy, now);
+        if left > 0 {
+            return Found::Banned(left);
+        }
+        let Some(o) = e.override_of(policy, now) else {
+            return Found::Pass;
+        };
+        let algorithm = match &o.entry.target {
+            OverrideTarget::Params(a) => Some(a),
+            OverrideTarget::Plan(plan) => self.plans.get(plan).and_then(|p| p.get(policy)),
+        };
+        Found::Override(o, algorithm)
     }
 
     /// The override of `identity` for `policy`, if one is live.
@@ -293,35 +508,155 @@ impl Tables {
         identity: &str,
         now: &Now<'_>,
     ) -> Option<&OverrideSlot> {
-        self.overrides
-            .get(policy)?
-            .get(identity)
-            .filter(|o| o.entry.expires_at_ms.is_none_or(|t| t > now.ms()))
+        self.identities.get(identity)?.override_of(policy, now)
+    }
+
+    /// Binds `identity` of `policy` to `entry`, replacing an override there was.
+    pub(crate) fn set_override(&mut self, policy: &str, identity: &str, entry: OverrideEntry) {
+        let e = self.identities.entry(identity.into()).or_default();
+        let slot = OverrideSlot::new(entry);
+        match e.overrides.iter_mut().find(|(p, _)| &**p == policy) {
+            Some((_, o)) => *o = slot,
+            None => e.overrides.push((policy.into(), slot)),
+        }
+    }
+
+    /// Removes the override of `identity` for `policy`; whether there was one.
+    pub(crate) fn remove_override(&mut self, policy: &str, identity: &str) -> bool {
+        let Some(e) = self.identities.get_mut(identity) else {
+            return false;
+        };
+        let before = e.overrides.len();
+        e.overrides.retain(|(p, _)| &**p != policy);
+        let removed = e.overrides.len() < before;
+        self.prune(identity);
+        removed
     }
 
     /// How long `identity` stays banned for `policy`, in ms (0 = not banned).
     pub(crate) fn ban_left_ms(&self, identity: &str, policy: &str, now: &Now<'_>) -> u64 {
-        let Some(bans) = self.bans.get(identity) else {
-            return 0;
-        };
-        let now_ms = now.ms();
-        bans.iter()
-            .filter(|b| b.until_ms > now_ms)
-            .filter(|b| {
-                b.policies
-                    .as_ref()
-                    .is_none_or(|ps| ps.iter().any(|p| p == policy))
-            })
-            .map(|b| b.until_ms - now_ms)
-            .max()
-            .unwrap_or(0)
+        self.identities
+            .get(identity)
+            .map_or(0, |e| e.ban_left_ms(policy, now))
     }
 
     /// Adds a ban, replacing one of the same scope.
     pub(crate) fn add_ban(&mut self, identity: &str, ban: BanEntry) {
-        let list = self.bans.entry(identity.to_string()).or_default();
+        let list = &mut self.identities.entry(identity.into()).or_default().bans;
         list.retain(|b| b.policies != ban.policies);
         list.push(ban);
+    }
+
+    /// Lifts every ban of `identity`; whether there was one.
+    pub(crate) fn remove_bans(&mut self, identity: &str) -> bool {
+        let Some(e) = self.identities.get_mut(identity) else {
+            return false;
+        };
+        let removed = !e.bans.is_empty();
+        e.bans.clear();
+        self.prune(identity);
+        removed
+    }
+
+    /// Puts `entry` on a list at runtime, until `expires` (replacing an earlier expiry).
+    pub(crate) fn list_insert(&mut self, kind: ListKind, entry: &ListEntry, expires: Option<u64>) {
+        self.place(kind, entry).runtime = Some(expires);
+    }
+
+    /// Takes a runtime entry off a list; whether it was there (the file's entries stay).
+    pub(crate) fn list_remove(&mut self, kind: ListKind, entry: &ListEntry) -> bool {
+        match entry {
+            ListEntry::Identity(s) => {
+                let Some(e) = self.identities.get_mut(s.as_str()) else {
+                    return false;
+                };
+                let removed = e.lists.of(kind).runtime.take().is_some();
+                self.prune(s);
+                removed
+            }
+            ListEntry::Net(n) => {
+                let n = n.trunc();
+                let Some(lists) = self.networks.nets.get_mut(&n) else {
+                    return false;
+                };
+                let removed = lists.of(kind).runtime.take().is_some();
+                self.networks.prune(&n);
+                removed
+            }
+        }
+    }
+
+    /// Installs the configuration file's lists and plans, replacing the previous file's.
+    pub(crate) fn set_configured(
+        &mut self,
+        allow: &[ListEntry],
+        deny: &[ListEntry],
+        plans: &HashMap<String, HashMap<String, Algorithm>>,
+    ) {
+        for e in self.identities.values_mut() {
+            e.lists.allow.configured = false;
+            e.lists.deny.configured = false;
+        }
+        self.identities.retain(|_, e| !e.is_empty());
+        let nets: Vec<IpNet> = self.networks.nets.keys().copied().collect();
+        for n in nets {
+            if let Some(l) = self.networks.nets.get_mut(&n) {
+                l.allow.configured = false;
+                l.deny.configured = false;
+            }
+            self.networks.prune(&n);
+        }
+        for (kind, entries) in [(ListKind::Allow, allow), (ListKind::Deny, deny)] {
+            for entry in entries {
+                self.place(kind, entry).configured = true;
+            }
+        }
+        self.plans = std::sync::Arc::new(plans.clone());
+    }
+
+    /// Takes the configuration file's lists and plans from `old` (tables being replaced by
+    /// these, freshly read from the store).
+    pub(crate) fn adopt_configured(&mut self, old: &Tables) {
+        for (identity, e) in &old.identities {
+            for kind in [ListKind::Allow, ListKind::Deny] {
+                let listed = match kind {
+                    ListKind::Allow => e.lists.allow,
+                    ListKind::Deny => e.lists.deny,
+                };
+                if listed.configured {
+                    let entry = ListEntry::Identity(identity.to_string());
+                    self.place(kind, &entry).configured = true;
+                }
+            }
+        }
+        for kind in [ListKind::Allow, ListKind::Deny] {
+            for (n, listed) in old.networks.of_kind(kind) {
+                if listed.configured {
+                    self.place(kind, &ListEntry::Net(n)).configured = true;
+                }
+            }
+        }
+        self.plans = std::sync::Arc::clone(&old.plans);
+    }
+
+    /// The place of `entry` on a list, made if missing.
+    fn place(&mut self, kind: ListKind, entry: &ListEntry) -> &mut Listed {
+        match entry {
+            ListEntry::Identity(s) => self
+                .identities
+                .entry(s.as_str().into())
+                .or_default()
+                .lists
+                .of(kind),
+            ListEntry::Net(n) => self.networks.entry(n.trunc()).of(kind),
+        }
+    }
+
+    /// Drops `identity` if nothing is left on it.
+    fn prune(&mut self, identity: &str) {
+        if self.identities.get(identity).is_some_and(|e| e.is_empty()) {
+            self.identities.remove(identity);
+        }
     }
 }
 
@@ -410,17 +745,16 @@ mod tests {
 
     #[test]
     fn networks_match_client_ip_identities_and_nothing_else() {
-        struct Check(ListSet);
+        struct Check(Tables);
         impl Check {
             fn contains(&self, identity: &str, now: u64) -> bool {
-                self.0
-                    .contains(identity, ip_of_identity(identity).as_ref(), &Now::at(now))
+                matches!(self.0.screen(identity, "p", &Now::at(now)), Found::Denied)
             }
             fn insert(&mut self, e: &ListEntry, expires: Option<u64>) {
-                self.0.insert(e, expires)
+                self.0.list_insert(ListKind::Deny, e, expires)
             }
         }
-        let mut deny = Check(ListSet::default());
+        let mut deny = Check(Tables::default());
         deny.insert(&ListEntry::parse("203.0.113.0/24").unwrap(), None);
         deny.insert(&ListEntry::parse("user:mallory").unwrap(), Some(2_000));
         assert!(deny.contains("ip:203.0.113.7", 1_000));
@@ -436,6 +770,81 @@ mod tests {
         assert!(!deny.contains("envoy:edge:user=203.0.113.8", 1_000));
         deny.insert(&ListEntry::parse("2001:db8::/32").unwrap(), None);
         assert!(deny.contains("envoy:edge:remote_address=2001%3Adb8%3A%3A1", 1_000));
+    }
+
+    #[test]
+    fn the_quick_ipv4_reader_agrees_with_the_general_one() {
+        for text in [
+            "10.0.0.1",
+            "255.255.255.255",
+            "0.0.0.0",
+            "1.2.3",
+            "1.2.3.4.5",
+            "01.2.3.4",
+            "256.1.1.1",
+            "1..2.3",
+            "1.2.3.4/8",
+            "a.b.c.d",
+            "1.2.3.",
+            "999.1.1.1",
+            "",
+            ".1.2.3",
+            "1.2.3.0",
+            "1.0.0.00",
+            "1.2.3.4 ",
+            "10.20.30.40",
+        ] {
+            assert_eq!(
+                dotted_quad(text),
+                text.parse::<std::net::Ipv4Addr>().ok(),
+                "{text}"
+            );
+            assert_eq!(
+                ip_of(text),
+                text.parse::<IpNet>()
+                    .ok()
+                    .or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from)),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn configured_entries_survive_a_reload_and_leave_with_the_file() {
+        let now = Now::at(1_000);
+        let mut t = Tables::default();
+        let vip = ListEntry::parse("vip").unwrap();
+        let net = ListEntry::parse("10.0.0.0/8").unwrap();
+        t.set_configured(
+            std::slice::from_ref(&vip),
+            std::slice::from_ref(&net),
+            &HashMap::new(),
+        );
+        t.list_insert(ListKind::Allow, &vip, Some(5_000));
+        assert!(matches!(t.screen("vip", "p", &now), Found::Allowed));
+        assert!(matches!(t.screen("ip:10.1.2.3", "p", &now), Found::Denied));
+        // The runtime entry goes, the file's stays.
+        assert!(t.list_remove(ListKind::Allow, &vip));
+        assert!(
+            !t.list_remove(ListKind::Deny, &net),
+            "the file's entry is not removable"
+        );
+        assert!(matches!(t.screen("vip", "p", &now), Found::Allowed));
+        // Tables read afresh from the store keep the file's entries.
+        let mut fresh = Tables::default();
+        fresh.adopt_configured(&t);
+        assert!(matches!(fresh.screen("vip", "p", &now), Found::Allowed));
+        assert!(matches!(
+            fresh.screen("ip:10.1.2.3", "p", &now),
+            Found::Denied
+        ));
+        // A file without them removes them.
+        fresh.set_configured(&[], &[], &HashMap::new());
+        assert!(fresh.is_empty());
+        assert!(matches!(
+            fresh.screen("ip:10.1.2.3", "p", &now),
+            Found::Pass
+        ));
     }
 
     #[test]

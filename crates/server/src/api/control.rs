@@ -159,10 +159,7 @@ pub(super) async fn set_override(State(shared): State<Shared>, req: Request) -> 
     };
     let parsed = (|| {
         let policy = need_string(&mut m, "policy")?;
-        let pc = rt
-            .config
-            .policies
-            .get(&policy)
+        let base = super::named_policy(&rt, &policy)
             .ok_or_else(|| format!("unknown policy {policy:?}"))?;
         let identity = need_identity(&rt, &mut m)?;
         let ttl = duration(&mut m, "ttl")?;
@@ -175,7 +172,7 @@ pub(super) async fn set_override(State(shared): State<Shared>, req: Request) -> 
                 let text: ParamsText =
                     serde_json::from_value(p).map_err(|e| format!("\"params\": {e}"))?;
                 OverrideTarget::Params(
-                    overlay(&pc.policy, &text).map_err(|e| format!("\"params\": {e}"))?,
+                    overlay(&base, &text).map_err(|e| format!("\"params\": {e}"))?,
                 )
             }
             (None, Some(Value::String(plan))) => {
@@ -325,7 +322,7 @@ pub(super) async fn ban(State(shared): State<Shared>, req: Request) -> Response 
                 let mut names = Vec::new();
                 for v in list {
                     match v {
-                        Value::String(s) if rt.config.policies.contains_key(&s) => names.push(s),
+                        Value::String(s) if super::named_policy(&rt, &s).is_some() => names.push(s),
                         Value::String(s) => return Err(format!("unknown policy {s:?}")),
                         other => {
                             return Err(format!(

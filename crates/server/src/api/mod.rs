@@ -236,3 +236,15 @@ pub(crate) fn kind(v: &Value) -> &'static str {
         Value::Object(_) => "an object",
     }
 }
+
+/// The policy named `name`: a `[policies.*]` one, else the policy of an Envoy limit (the
+/// admin calls reach every policy a decision can use).
+pub(crate) fn named_policy(
+    rt: &crate::state::Runtime,
+    name: &str,
+) -> Option<std::sync::Arc<sluice::Policy>> {
+    match rt.config.policies.get(name) {
+        Some(pc) => Some(std::sync::Arc::clone(&pc.policy)),
+        None => rt.config.domains.policy(name),
+    }
+}

@@ -65,8 +65,8 @@ struct Target {
 
 fn parse_target(rt: &Runtime, op: Op, mut m: Map<String, Value>) -> Result<Target, String> {
     let policy = match m.remove("policy") {
-        Some(Value::String(name)) => match rt.config.policies.get(&name) {
-            Some(p) => Arc::clone(&p.policy),
+        Some(Value::String(name)) => match super::named_policy(rt, &name) {
+            Some(p) => p,
             None => return Err(format!("unknown policy {name:?}")),
         },
         Some(other) => return Err(format!("\"policy\" must be a string, not {}", kind(&other))),

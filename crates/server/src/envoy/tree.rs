@@ -114,6 +114,20 @@ impl Domains {
         self.roots.keys().map(String::as_str)
     }
 
+    /// The policy of some limit of some domain named `name` (see [`policy_name`]), so the
+    /// admin API reaches the policies of the Envoy limits too.
+    pub fn policy(&self, name: &str) -> Option<Arc<Policy>> {
+        fn find(node: &Node, name: &str) -> Option<Arc<Policy>> {
+            if let Some(p) = node.limit.as_ref().and_then(|l| l.policy.as_ref())
+                && p.name == name
+            {
+                return Some(Arc::clone(p));
+            }
+            node.children.values().find_map(|c| find(c, name))
+        }
+        self.roots.values().find_map(|root| find(root, name))
+    }
+
     /// True when `domain` is configured.
     pub fn has(&self, domain: &str) -> bool {
         self.roots.contains_key(domain)
