@@ -137,8 +137,8 @@ fn ip_of(identity: &str) -> Option<IpNet> {
 /// distinct length on the list, however many networks it holds.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct ListSet {
-    exact: FastMap<String, Option<u64>>,
-    nets: FastMap<IpNet, Option<u64>>,
+    pub(super) exact: FastMap<String, Option<u64>>,
+    pub(super) nets: FastMap<IpNet, Option<u64>>,
     /// The prefix lengths present among `nets`, IPv4 then IPv6, each counted.
     lengths: std::collections::BTreeMap<(bool, u8), usize>,
 }

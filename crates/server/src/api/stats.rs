@@ -1,0 +1,95 @@
+//! `GET /v1/stats`: everything the console and `sluice top` show, as one JSON document.
+//!
+//! It names identities (the heaviest ones, the banned ones), so it takes the admin token as
+//! the control plane does (else `server.api_token` when only that is set). Identities appear
+//! as keyed: a credential only as its keyed hash.
+
+use axum::extract::{Request, State};
+use axum::response::Response;
+use http::StatusCode;
+use serde_json::{Value, json};
+use sluice::ListKind;
+
+use super::auth::{bearer_allows, unauthorized};
+use super::{count, json_response};
+use crate::state::Shared;
+
+/// Identities in each heavy-hitter list of the report.
+const TOP_N: usize = 20;
+
+/// Entries of each control kind listed.
+const MAX_LISTED: usize = 200;
+
+pub(super) async fn stats(State(shared): State<Shared>, req: Request) -> Response {
+    let rt = shared.runtime();
+    let (token, name) = match rt.config.admin_token.as_deref() {
+        Some(t) => (Some(t), "admin_token"),
+        None => (rt.config.server.api_token.as_deref(), "api_token"),
+    };
+    if !bearer_allows(req.headers(), token) {
+        count("stats", StatusCode::UNAUTHORIZED);
+        return unauthorized(name);
+    }
+    let mut configured: Vec<&str> = rt.config.policies.keys().map(String::as_str).collect();
+    configured.sort_unstable();
+    let mut report = shared.stats().report(TOP_N, &configured);
+    let policies: Vec<Value> = configured
+        .iter()
+        .filter_map(|n| rt.config.policies.get(*n))
+        .map(|pc| {
+            json!({
+                "name": pc.policy.name,
+                "shadow": pc.policy.shadow,
+                "quota": pc.policy.algorithm.quota(),
+            })
+        })
+        .collect();
+    let control = rt.limiter.control();
+    let listing = control.listing(MAX_LISTED);
+    let overrides: Vec<Value> = listing
+        .overrides
+        .iter()
+        .map(|o| json!({"policy": o.policy, "identity": o.identity, "target": o.target, "expires_at_ms": o.expires_at_ms}))
+        .collect();
+    let bans: Vec<Value> = listing
+        .bans
+        .iter()
+        .map(|b| json!({"identity": b.identity, "policies": b.policies, "until_ms": b.until_ms}))
+        .collect();
+    let lists: Vec<Value> = listing
+        .lists
+        .iter()
+        .map(|e| {
+            json!({
+                "list": match e.list { ListKind::Allow => "allow", ListKind::Deny => "deny" },
+                "entry": e.entry,
+                "expires_at_ms": e.expires_at_ms,
+                "from_config": e.from_config,
+            })
+        })
+        .collect();
+    let store = rt.limiter.store().kind();
+    if let Value::Object(m) = &mut report {
+        m.insert("generation".into(), json!(rt.generation));
+        m.insert("configured_policies".into(), Value::from(policies));
+        m.insert(
+            "control".into(),
+            json!({
+                "backend": control.backend(),
+                "overrides": overrides,
+                "bans": bans,
+                "lists": lists,
+                "truncated": listing.truncated,
+            }),
+        );
+        if let Some(Value::Object(s)) = m.get_mut("store") {
+            s.insert("kind".into(), json!(store));
+            s.insert(
+                "breaker".into(),
+                json!(if rt.limiter.store_circuit_open() { "open" } else { "closed" }),
+            );
+        }
+    }
+    count("stats", StatusCode::OK);
+    json_response(StatusCode::OK, &report)
+}
