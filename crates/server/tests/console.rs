@@ -115,7 +115,8 @@ async fn stats_count_what_was_decided(store: &str) {
     assert_eq!(stats["generation"], 1);
     assert_eq!(stats["store"]["breaker"], "closed");
     assert_eq!(stats["store"]["errors"], 0);
-    assert!(stats["store"]["calls"].as_u64().unwrap() >= 10);
+    // Every admitted check asked the store (denials may come from the deny cache).
+    assert!(stats["store"]["calls"].as_u64().unwrap() >= 6, "{stats}");
     assert!(stats["last_reload"].is_null());
 
     // Control entries made through the admin API are listed (on Redis, after the poll).
@@ -190,6 +191,8 @@ async fn the_page_is_served_without_a_token_and_carries_no_data() {
     // Nothing is loaded from elsewhere.
     for asset in ["/ui", "/ui/console.js", "/ui/console.css"] {
         let text = client().get(s.url(asset)).send().await.unwrap().text().await.unwrap();
+        // The SVG namespace is a name, not a place anything is loaded from.
+        let text = text.replace("\"http://www.w3.org/2000/svg\"", "");
         assert!(!text.contains("https://") && !text.contains("http://"), "{asset} loads from elsewhere");
     }
     let js = client().get(s.url("/ui/console.js")).send().await.unwrap();

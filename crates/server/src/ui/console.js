@@ -125,7 +125,7 @@ function render(s) {
   b.hidden = false;
   b.textContent = "breaker " + s.store.breaker;
   b.className = "badge " + (s.store.breaker === "closed" ? "ok" : "bad");
-  renderPolicies(s.policies);
+  renderPolicies(s.policies, s.uptime_s);
   renderStore(s.store);
   renderReload(s);
   renderTop("top-decisions", s.top.decisions);
@@ -143,7 +143,12 @@ function polyline(values, max, w, h, cls) {
   return p;
 }
 
-function chart(series) {
+// The chart spans the seconds since the server started, up to the five minutes kept (and at
+// least 30 s), so a young server's traffic is not squeezed against the right edge.
+function chart(all, uptime) {
+  const span = Math.min(all.decisions.length, Math.max(30, uptime + 1));
+  const series = {};
+  for (const [k, v] of Object.entries(all)) series[k] = v.slice(v.length - span);
   const w = 300, h = 70;
   const failed = series.failed_open.map((v, i) => v + series.failed_closed[i]);
   const max = Math.max(1, ...series.decisions);
@@ -151,7 +156,7 @@ function chart(series) {
   svg.setAttribute("viewBox", "0 0 " + w + " " + h);
   svg.setAttribute("preserveAspectRatio", "none");
   svg.setAttribute("role", "img");
-  svg.setAttribute("aria-label", "decisions and denials per second over the last 5 minutes, peak " + max);
+  svg.setAttribute("aria-label", "decisions and denials per second over the last " + span + " s, peak " + max);
   const axis = document.createElementNS(SVG_NS, "line");
   axis.setAttribute("class", "axis");
   axis.setAttribute("x1", 0); axis.setAttribute("x2", w);
@@ -164,7 +169,7 @@ function chart(series) {
   return svg;
 }
 
-function renderPolicies(policies) {
+function renderPolicies(policies, uptime) {
   const root = $("policies");
   if (policies.length === 0) {
     root.replaceChildren(el("p", { class: "muted" }, "No policies yet."));
@@ -183,7 +188,7 @@ function renderPolicies(policies) {
       el("div", { class: "head" },
         el("h3", {}, p.policy),
         el("span", {}, el("span", { class: "rate" }, fmt(p.decisions_per_s)), el("span", { class: "muted small" }, " /s"))),
-      chart(p.series),
+      chart(p.series, uptime),
       counts,
       el("p", { class: "muted small" }, "decision p50 " + ms(p.latency_ms.p50) + " · p99 " + ms(p.latency_ms.p99)));
   });
