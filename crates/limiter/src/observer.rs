@@ -74,3 +74,81 @@ pub trait DecisionObserver: Send + Sync + std::fmt::Debug {
     /// A store call finished after `elapsed`, for `policies`; `error` when it failed.
     fn store_call(&self, policies: &[&str], elapsed: Duration, error: Option<&StoreError>);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Limiter;
+    use parking_lot::Mutex;
+    use sluice_core::Algorithm;
+
+    #[derive(Debug, Default)]
+    struct Recorder {
+        outcomes: Mutex<Vec<(String, String, Outcome)>>,
+        calls: Mutex<Vec<Vec<String>>>,
+    }
+
+    impl DecisionObserver for Recorder {
+        fn decision(&self, event: &DecisionEvent<'_>) {
+            for (l, (id, _, _)) in event.checked.limits.iter().zip(event.items) {
+                self.outcomes.lock().push((
+                    id.as_str().to_string(),
+                    l.policy.name.clone(),
+                    event.outcome(l),
+                ));
+            }
+        }
+        fn store_call(&self, policies: &[&str], _: Duration, error: Option<&StoreError>) {
+            assert!(error.is_none());
+            self.calls
+                .lock()
+                .push(policies.iter().map(|p| p.to_string()).collect());
+        }
+    }
+
+    fn policy(name: &str, limit: u64, shadow: bool) -> Arc<Policy> {
+        let mut p = Policy::new(
+            name,
+            Algorithm::FixedWindow {
+                limit,
+                window_ms: 60_000,
+            },
+        )
+        .unwrap();
+        p.shadow = shadow;
+        Arc::new(p)
+    }
+
+    #[tokio::test]
+    async fn every_decision_and_store_call_is_seen_with_its_outcome() {
+        let limiter = Limiter::memory();
+        let rec = Arc::new(Recorder::default());
+        assert!(limiter.set_observer(rec.clone()));
+        assert!(!limiter.set_observer(rec.clone()), "set once only");
+        let (enforced, shadow) = (policy("api", 1, false), policy("trial", 1, true));
+        let who = Identity::new("user:1");
+        for _ in 0..2 {
+            limiter
+                .check_many(&[(&who, &enforced, 1), (&who, &shadow, 1)])
+                .await;
+        }
+        let seen = rec.outcomes.lock().clone();
+        let outcomes: Vec<(&str, Outcome)> = seen.iter().map(|(_, p, o)| (p.as_str(), *o)).collect();
+        assert_eq!(
+            outcomes,
+            [
+                ("api", Outcome::Allowed),
+                ("trial", Outcome::Allowed),
+                ("api", Outcome::Denied),
+                ("trial", Outcome::ShadowDenied),
+            ]
+        );
+        assert!(seen.iter().all(|(id, _, _)| id == "user:1"));
+        // Enforced and shadow policies are separate store calls; the second check's enforced
+        // call still runs the shadow one.
+        let calls = rec.calls.lock().clone();
+        assert_eq!(calls.len(), 4, "{calls:?}");
+        assert_eq!(calls[0], ["api"]);
+        assert_eq!(calls[1], ["trial"]);
+    }
+}

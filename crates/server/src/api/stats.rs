@@ -93,3 +93,18 @@ pub(super) async fn stats(State(shared): State<Shared>, req: Request) -> Respons
     count("stats", StatusCode::OK);
     json_response(StatusCode::OK, &report)
 }
+
+/// `/v1/stats` in the OpenAPI document.
+pub(super) fn add_openapi(doc: &mut Value) {
+    doc["paths"]["/v1/stats"] = json!({
+        "get": {
+            "summary": "Live statistics: per-policy counters of the last 5 minutes, store latency and breaker, heavy hitters, the last reload, control entries in force (docs/console.md)",
+            "responses": {
+                "200": { "description": "The report", "content": { "application/json": { "schema": { "type": "object",
+                    "required": ["generation", "uptime_s", "policies", "store", "top", "last_reload", "control"] } } } },
+                "401": { "description": "admin_token is set (else server.api_token) and the request does not carry it",
+                    "content": { "application/problem+json": { "schema": { "$ref": "#/components/schemas/Problem" } } } }
+            }
+        }
+    });
+}

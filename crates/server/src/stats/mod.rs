@@ -106,7 +106,7 @@ impl Default for Stats {
     }
 }
 
-/// Seconds since `started`, and the current sub-second position, for charts and windows.
+/// Whole seconds since `started`: the index of the per-second counters and windows.
 fn seconds(started: Instant) -> u64 {
     started.elapsed().as_secs()
 }
