@@ -311,7 +311,8 @@ impl Driver {
 
     async fn click(&self, css: &str) {
         let e = self.element(css).await;
-        self.send(Method::POST, &format!("/element/{e}/click"), json!({})).await;
+        let v = self.send(Method::POST, &format!("/element/{e}/click"), json!({})).await;
+        assert!(v.is_null(), "clicking {css}: {v}");
     }
 
     async fn screenshot(&self, path: &std::path::Path) {
@@ -479,17 +480,21 @@ async fn the_console_in_a_real_browser() {
     let (_, state) = call(&s, Method::POST, "/v1/state", Some(json!({"policy": "api", "identity": "user:fresh"}))).await;
     assert_eq!(state["remaining"], 3, "the try consumed: {state}");
 
+    // The whole page, with the ban in force, for review.
+    let dir = target_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    driver.resize(1280, 2000).await;
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    driver.js("window.scrollTo(0, 0)").await;
+    driver.screenshot(&dir.join("console.png")).await;
+    driver.resize(1280, 1400).await;
+
     // Lifting the ban from the page.
     driver.click("#bans td.act button").await;
     driver
         .wait_for("the ban lifted", 10, "return document.querySelector('#bans td.empty') !== null")
         .await;
     assert_eq!(check(&s, "api", "user:banned-in-ui").await["allowed"], true);
-
-    let dir = target_dir();
-    std::fs::create_dir_all(&dir).unwrap();
-    driver.js("window.scrollTo(0, 0)").await;
-    driver.screenshot(&dir.join("console.png")).await;
 
     // A phone-sized screen: nothing wider than the screen.
     driver.resize(390, 1600).await;

@@ -72,6 +72,7 @@ function showLogin(message) {
   for (const id of ["policies", "store", "reload", "reload-errors"]) $(id).replaceChildren();
   for (const id of ["top-decisions", "top-denials", "bans", "overrides", "lists"]) {
     $(id).tBodies[0].replaceChildren();
+    delete $(id).tBodies[0].dataset.key;
   }
   $("login").hidden = false;
   $("login-error").textContent = message || "";
@@ -146,9 +147,10 @@ function polyline(values, max, w, h, cls) {
 // The chart spans the seconds since the server started, up to the five minutes kept (and at
 // least 30 s), so a young server's traffic is not squeezed against the right edge.
 function chart(all, uptime) {
-  const span = Math.min(all.decisions.length, Math.max(30, uptime + 1));
+  // The last value is the second in progress: left out, or every chart would end in a dip.
+  const span = Math.min(all.decisions.length - 1, Math.max(30, uptime));
   const series = {};
-  for (const [k, v] of Object.entries(all)) series[k] = v.slice(v.length - span);
+  for (const [k, v] of Object.entries(all)) series[k] = v.slice(v.length - 1 - span, v.length - 1);
   const w = 300, h = 70;
   const failed = series.failed_open.map((v, i) => v + series.failed_closed[i]);
   const max = Math.max(1, ...series.decisions);
@@ -226,8 +228,13 @@ function actionButton(label, onClick) {
   return b;
 }
 
+// Rows are rebuilt only when their data changed, so a button is not replaced under the
+// pointer between two polls.
 function rows(table, items, cells, emptyText) {
   const body = $(table).tBodies[0];
+  const key = JSON.stringify(items);
+  if (body.dataset.key === key) return;
+  body.dataset.key = key;
   if (items.length === 0) {
     const cols = $(table).tHead.rows[0].cells.length;
     body.replaceChildren(el("tr", {}, el("td", { class: "empty", colspan: cols }, emptyText)));
