@@ -107,11 +107,13 @@ fn sparkline(values: &[u64]) -> String {
 }
 
 fn num(v: &Value) -> String {
-    v.as_u64().map_or_else(|| "-".to_string(), |n| n.to_string())
+    v.as_u64()
+        .map_or_else(|| "-".to_string(), |n| n.to_string())
 }
 
 fn millis(v: &Value) -> String {
-    v.as_f64().map_or_else(|| "-".to_string(), |ms| format!("{ms:.2}"))
+    v.as_f64()
+        .map_or_else(|| "-".to_string(), |ms| format!("{ms:.2}"))
 }
 
 fn cut(s: &str, width: usize) -> String {
@@ -142,8 +144,16 @@ pub fn frame(url: &str, s: &Value, width: usize) -> Vec<String> {
     out.push(cut(
         &format!(
             "{:<16} {:>6} {:>9} {:>8} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7}  last 60 s",
-            "POLICY", "DEC/S", "DECISIONS", "ALLOWED", "DENIED", "SHADOW", "F-OPEN", "F-CLOSE",
-            "P50 ms", "P99 ms"
+            "POLICY",
+            "DEC/S",
+            "DECISIONS",
+            "ALLOWED",
+            "DENIED",
+            "SHADOW",
+            "F-OPEN",
+            "F-CLOSE",
+            "P50 ms",
+            "P99 ms"
         ),
         width,
     ));
@@ -151,7 +161,14 @@ pub fn frame(url: &str, s: &Value, width: usize) -> Vec<String> {
         let t = &p["totals"];
         let recent: Vec<u64> = p["series"]["decisions"]
             .as_array()
-            .map(|a| a.iter().rev().take(60).rev().filter_map(Value::as_u64).collect())
+            .map(|a| {
+                a.iter()
+                    .rev()
+                    .take(60)
+                    .rev()
+                    .filter_map(Value::as_u64)
+                    .collect()
+            })
             .unwrap_or_default();
         let room = width.saturating_sub(100).min(60);
         let spark = sparkline(&recent[recent.len().saturating_sub(room)..]);
@@ -190,7 +207,11 @@ pub fn frame(url: &str, s: &Value, width: usize) -> Vec<String> {
         &if r.is_null() {
             "reload none since start".to_string()
         } else if r["ok"] == true {
-            format!("reload ok ({}), generation {}", r["trigger"].as_str().unwrap_or("?"), num(&r["generation"]))
+            format!(
+                "reload ok ({}), generation {}",
+                r["trigger"].as_str().unwrap_or("?"),
+                num(&r["generation"])
+            )
         } else {
             let errors: Vec<&str> = r["errors"]
                 .as_array()
@@ -198,7 +219,11 @@ pub fn frame(url: &str, s: &Value, width: usize) -> Vec<String> {
                 .flatten()
                 .filter_map(Value::as_str)
                 .collect();
-            format!("reload FAILED ({}): {}", r["trigger"].as_str().unwrap_or("?"), errors.join("; "))
+            format!(
+                "reload FAILED ({}): {}",
+                r["trigger"].as_str().unwrap_or("?"),
+                errors.join("; ")
+            )
         },
         width,
     ));
@@ -226,7 +251,10 @@ pub fn frame(url: &str, s: &Value, width: usize) -> Vec<String> {
         v.map_or_else(String::new, |c| {
             let count = format!("{} ±{}", num(&c["count"]), num(&c["error"]));
             let id_width = half.saturating_sub(count.len() + 1);
-            format!("{} {count}", cut(c["identity"].as_str().unwrap_or("?"), id_width))
+            format!(
+                "{} {count}",
+                cut(c["identity"].as_str().unwrap_or("?"), id_width)
+            )
         })
     };
     for i in 0..d.len().max(x.len()).min(10) {
@@ -348,12 +376,20 @@ fn draw(url: &str, last: &Result<Value, String>) -> std::io::Result<()> {
     let (cols, rows) = terminal::size().unwrap_or((100, 30));
     let mut lines = match last {
         Ok(s) => frame(url, s, cols as usize),
-        Err(e) => vec![format!("sluice top  {url}"), String::new(), format!("error: {e}")],
+        Err(e) => vec![
+            format!("sluice top  {url}"),
+            String::new(),
+            format!("error: {e}"),
+        ],
     };
     lines.truncate((rows as usize).saturating_sub(1));
     lines.push("q or Ctrl-C quits".to_string());
     let mut out = std::io::stdout().lock();
-    queue!(out, cursor::MoveTo(0, 0), terminal::Clear(terminal::ClearType::All))?;
+    queue!(
+        out,
+        cursor::MoveTo(0, 0),
+        terminal::Clear(terminal::ClearType::All)
+    )?;
     for (i, line) in lines.iter().enumerate() {
         queue!(out, cursor::MoveTo(0, i as u16))?;
         write!(out, "{line}")?;
@@ -385,8 +421,14 @@ mod tests {
         assert!(text.contains("  9        6       3"), "{text}");
         let words = text.split_whitespace().collect::<Vec<_>>().join(" ");
         assert!(words.contains("user:heavy 7 ±0 user:heavy 3 ±1"), "{text}");
-        assert!(text.contains("reload FAILED (admin): sluice.toml:3: limit: bad"), "{text}");
-        assert!(text.contains("bans 1  overrides 0  list entries 2"), "{text}");
+        assert!(
+            text.contains("reload FAILED (admin): sluice.toml:3: limit: bad"),
+            "{text}"
+        );
+        assert!(
+            text.contains("bans 1  overrides 0  list entries 2"),
+            "{text}"
+        );
         assert!(text.contains("▂██"), "{text}");
         for line in frame("http://127.0.0.1:8080", &s, 80) {
             assert!(line.chars().count() <= 80, "{line}");

@@ -39,7 +39,11 @@ fn free_port() -> u16 {
 }
 
 fn serve() -> Serve {
-    let dir = std::env::temp_dir().join(format!("sluice-top-cli-{}-{}", std::process::id(), free_port()));
+    let dir = std::env::temp_dir().join(format!(
+        "sluice-top-cli-{}-{}",
+        std::process::id(),
+        free_port()
+    ));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("sluice.toml");
     std::fs::write(&file, CONFIG).unwrap();
@@ -48,7 +52,12 @@ fn serve() -> Serve {
         .arg("serve")
         .arg("--config")
         .arg(&file)
-        .args(["--http", &format!("127.0.0.1:{port}"), "--grpc", "127.0.0.1:0"])
+        .args([
+            "--http",
+            &format!("127.0.0.1:{port}"),
+            "--grpc",
+            "127.0.0.1:0",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -56,7 +65,10 @@ fn serve() -> Serve {
     let s = Serve { child, port, dir };
     let start = Instant::now();
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(start.elapsed() < Duration::from_secs(20), "sluice serve did not start");
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "sluice serve did not start"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
     s
@@ -122,5 +134,8 @@ fn top_prints_frames_with_the_numbers_of_a_running_server() {
     // Without the token: a clear error, exit 1.
     let (code, _, err) = top(&s, None);
     assert_eq!(code, 1);
-    assert!(err.contains("401") && err.contains("SLUICE_ADMIN_TOKEN"), "{err}");
+    assert!(
+        err.contains("401") && err.contains("SLUICE_ADMIN_TOKEN"),
+        "{err}"
+    );
 }

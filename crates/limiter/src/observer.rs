@@ -133,7 +133,8 @@ mod tests {
                 .await;
         }
         let seen = rec.outcomes.lock().clone();
-        let outcomes: Vec<(&str, Outcome)> = seen.iter().map(|(_, p, o)| (p.as_str(), *o)).collect();
+        let outcomes: Vec<(&str, Outcome)> =
+            seen.iter().map(|(_, p, o)| (p.as_str(), *o)).collect();
         assert_eq!(
             outcomes,
             [

@@ -37,7 +37,12 @@ shadow = true
     )
 }
 
-async fn call(s: &common::TestServer, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
+async fn call(
+    s: &common::TestServer,
+    method: Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
     let mut req = client().request(method, s.url(path)).bearer_auth(TOKEN);
     if let Some(b) = body {
         req = req.json(&b);
@@ -48,7 +53,13 @@ async fn call(s: &common::TestServer, method: Method, path: &str, body: Option<V
 }
 
 async fn check(s: &common::TestServer, policy: &str, who: &str) -> Value {
-    let (status, v) = call(s, Method::POST, "/v1/check", Some(json!({"policy": policy, "identity": who}))).await;
+    let (status, v) = call(
+        s,
+        Method::POST,
+        "/v1/check",
+        Some(json!({"policy": policy, "identity": who})),
+    )
+    .await;
     assert_eq!(status, 200, "{v}");
     v
 }
@@ -78,7 +89,13 @@ async fn stats_count_what_was_decided(store: &str) {
     check(&s, "api", "user:light").await;
     // A shadow policy over its limit would deny: counted as shadow-denied, not denied.
     for _ in 0..2 {
-        let (st, v) = call(&s, Method::POST, "/v1/check", Some(json!({"policy": "search", "credential": "sk-secret"}))).await;
+        let (st, v) = call(
+            &s,
+            Method::POST,
+            "/v1/check",
+            Some(json!({"policy": "search", "credential": "sk-secret"})),
+        )
+        .await;
         assert_eq!(st, 200, "{v}");
     }
     // A credential shows only as its keyed hash.
@@ -109,8 +126,14 @@ async fn stats_count_what_was_decided(store: &str) {
     assert_eq!(top["denials"][0]["count"], 4);
     assert_eq!(top["decisions_total"], 10);
     let text = stats.to_string();
-    assert!(!text.contains("sk-secret"), "a raw credential in the stats: {text}");
-    assert!(text.contains("\"key:"), "the hashed credential is listed: {text}");
+    assert!(
+        !text.contains("sk-secret"),
+        "a raw credential in the stats: {text}"
+    );
+    assert!(
+        text.contains("\"key:"),
+        "the hashed credential is listed: {text}"
+    );
 
     assert_eq!(stats["generation"], 1);
     assert_eq!(stats["store"]["breaker"], "closed");
@@ -120,11 +143,29 @@ async fn stats_count_what_was_decided(store: &str) {
     assert!(stats["last_reload"].is_null());
 
     // Control entries made through the admin API are listed (on Redis, after the poll).
-    let (st, v) = call(&s, Method::POST, "/v1/bans", Some(json!({"identity": "user:bad", "duration": "10m"}))).await;
+    let (st, v) = call(
+        &s,
+        Method::POST,
+        "/v1/bans",
+        Some(json!({"identity": "user:bad", "duration": "10m"})),
+    )
+    .await;
     assert_eq!(st, 200, "{v}");
-    let (st, v) = call(&s, Method::POST, "/v1/lists/deny", Some(json!({"entry": "203.0.113.0/24"}))).await;
+    let (st, v) = call(
+        &s,
+        Method::POST,
+        "/v1/lists/deny",
+        Some(json!({"entry": "203.0.113.0/24"})),
+    )
+    .await;
     assert_eq!(st, 200, "{v}");
-    let (st, v) = call(&s, Method::POST, "/v1/overrides", Some(json!({"policy": "api", "identity": "user:vip", "params": {"limit": 100}}))).await;
+    let (st, v) = call(
+        &s,
+        Method::POST,
+        "/v1/overrides",
+        Some(json!({"policy": "api", "identity": "user:vip", "params": {"limit": 100}})),
+    )
+    .await;
     assert_eq!(st, 200, "{v}");
     let deadline = Instant::now() + Duration::from_secs(5);
     let control = loop {
@@ -157,7 +198,10 @@ async fn stats_count_what_was_decided(store: &str) {
     assert_eq!(stats["generation"], 2);
     assert_eq!(stats["last_reload"]["ok"], false);
     let errors = stats["last_reload"]["errors"].as_array().unwrap();
-    assert!(errors.iter().any(|e| e.as_str().unwrap().contains("limit")), "{errors:?}");
+    assert!(
+        errors.iter().any(|e| e.as_str().unwrap().contains("limit")),
+        "{errors:?}"
+    );
     // The counts survive reloads.
     assert_eq!(policy(&stats, "api")["totals"]["decisions"], 8);
     s.stop().await;
@@ -183,20 +227,41 @@ async fn the_page_is_served_without_a_token_and_carries_no_data() {
     check(&s, "api", "user:seen").await;
     let res = client().get(s.url("/ui")).send().await.unwrap();
     assert_eq!(res.status(), 200);
-    let csp = res.headers()["content-security-policy"].to_str().unwrap().to_string();
-    assert!(csp.contains("default-src 'none'") && csp.contains("script-src 'self'"), "{csp}");
+    let csp = res.headers()["content-security-policy"]
+        .to_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        csp.contains("default-src 'none'") && csp.contains("script-src 'self'"),
+        "{csp}"
+    );
     let html = res.text().await.unwrap();
     assert!(html.contains("/ui/console.js") && html.contains("id=\"login\""));
     assert!(!html.contains("user:seen"));
     // Nothing is loaded from elsewhere.
     for asset in ["/ui", "/ui/console.js", "/ui/console.css"] {
-        let text = client().get(s.url(asset)).send().await.unwrap().text().await.unwrap();
+        let text = client()
+            .get(s.url(asset))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
         // The SVG namespace is a name, not a place anything is loaded from.
         let text = text.replace("\"http://www.w3.org/2000/svg\"", "");
-        assert!(!text.contains("https://") && !text.contains("http://"), "{asset} loads from elsewhere");
+        assert!(
+            !text.contains("https://") && !text.contains("http://"),
+            "{asset} loads from elsewhere"
+        );
     }
     let js = client().get(s.url("/ui/console.js")).send().await.unwrap();
-    assert!(js.headers()["content-type"].to_str().unwrap().starts_with("text/javascript"));
+    assert!(
+        js.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/javascript")
+    );
     assert!(!js.text().await.unwrap().contains("innerHTML"));
     s.stop().await;
 }
@@ -222,7 +287,11 @@ const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
 impl Driver {
     async fn start(profile: &std::path::Path) -> Driver {
-        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
         let child = Command::new("chromedriver")
             .args([format!("--port={port}"), "--allowed-ips=127.0.0.1".into()])
             .stdout(Stdio::null())
@@ -243,7 +312,10 @@ impl Driver {
             {
                 break;
             }
-            assert!(Instant::now() < deadline, "chromedriver did not start within 30 s");
+            assert!(
+                Instant::now() < deadline,
+                "chromedriver did not start within 30 s"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let caps = json!({"capabilities": {"alwaysMatch": {
@@ -260,7 +332,12 @@ impl Driver {
             },
         }}});
         let v = d.send(Method::POST, "/session", caps).await;
-        d.session = Some(v["sessionId"].as_str().unwrap_or_else(|| panic!("no session: {v}")).to_string());
+        d.session = Some(
+            v["sessionId"]
+                .as_str()
+                .unwrap_or_else(|| panic!("no session: {v}"))
+                .to_string(),
+        );
         d
     }
 
@@ -269,11 +346,20 @@ impl Driver {
             Some(id) if path != "/session" => format!("{}/session/{id}{path}", self.url),
             _ => format!("{}{path}", self.url),
         };
-        let mut req = self.http.request(method.clone(), url).timeout(Duration::from_secs(60));
+        let mut req = self
+            .http
+            .request(method.clone(), url)
+            .timeout(Duration::from_secs(60));
         if method != Method::GET {
             req = req.json(&body);
         }
-        let v: Value = req.send().await.expect("webdriver call").json().await.expect("webdriver json");
+        let v: Value = req
+            .send()
+            .await
+            .expect("webdriver call")
+            .json()
+            .await
+            .expect("webdriver json");
         v["value"].clone()
     }
 
@@ -282,7 +368,12 @@ impl Driver {
     }
 
     async fn js(&self, script: &str) -> Value {
-        self.send(Method::POST, "/execute/sync", json!({"script": script, "args": []})).await
+        self.send(
+            Method::POST,
+            "/execute/sync",
+            json!({"script": script, "args": []}),
+        )
+        .await
     }
 
     /// Evaluates `script` until it returns a truthy value, for at most `secs`.
@@ -293,25 +384,45 @@ impl Driver {
             if !(v.is_null() || v == false || v == 0 || v == "") {
                 return v;
             }
-            assert!(Instant::now() < deadline, "{what}: not within {secs} s (last {v})");
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within {secs} s (last {v})"
+            );
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
     async fn element(&self, css: &str) -> String {
-        let v = self.send(Method::POST, "/element", json!({"using": "css selector", "value": css})).await;
-        v[ELEMENT].as_str().unwrap_or_else(|| panic!("no element {css}: {v}")).to_string()
+        let v = self
+            .send(
+                Method::POST,
+                "/element",
+                json!({"using": "css selector", "value": css}),
+            )
+            .await;
+        v[ELEMENT]
+            .as_str()
+            .unwrap_or_else(|| panic!("no element {css}: {v}"))
+            .to_string()
     }
 
     async fn type_into(&self, css: &str, text: &str) {
         let e = self.element(css).await;
-        self.send(Method::POST, &format!("/element/{e}/clear"), json!({})).await;
-        self.send(Method::POST, &format!("/element/{e}/value"), json!({"text": text})).await;
+        self.send(Method::POST, &format!("/element/{e}/clear"), json!({}))
+            .await;
+        self.send(
+            Method::POST,
+            &format!("/element/{e}/value"),
+            json!({"text": text}),
+        )
+        .await;
     }
 
     async fn click(&self, css: &str) {
         let e = self.element(css).await;
-        let v = self.send(Method::POST, &format!("/element/{e}/click"), json!({})).await;
+        let v = self
+            .send(Method::POST, &format!("/element/{e}/click"), json!({}))
+            .await;
         assert!(v.is_null(), "clicking {css}: {v}");
     }
 
@@ -323,7 +434,12 @@ impl Driver {
     }
 
     async fn resize(&self, width: u32, height: u32) {
-        self.send(Method::POST, "/window/rect", json!({"width": width, "height": height})).await;
+        self.send(
+            Method::POST,
+            "/window/rect",
+            json!({"width": width, "height": height}),
+        )
+        .await;
     }
 
     async fn quit(mut self) {
@@ -343,7 +459,10 @@ fn base64_decode(text: &str) -> Vec<u8> {
         b'/' => 63,
         _ => panic!("not base64: {c}"),
     };
-    let bytes: Vec<u8> = text.bytes().filter(|c| !c.is_ascii_whitespace() && *c != b'=').collect();
+    let bytes: Vec<u8> = text
+        .bytes()
+        .filter(|c| !c.is_ascii_whitespace() && *c != b'=')
+        .collect();
     let mut out = Vec::with_capacity(bytes.len() * 3 / 4);
     for chunk in bytes.chunks(4) {
         let mut n = 0u32;
@@ -382,9 +501,21 @@ async fn the_console_in_a_real_browser() {
                 if stop.load(std::sync::atomic::Ordering::Relaxed) {
                     break;
                 }
-                let who = if i % 3 == 0 { "user:heavy".to_string() } else { format!("user:{}", i % 7) };
-                let _ = c.post(&url).json(&json!({"policy": "api", "identity": who})).send().await;
-                let _ = c.post(&url).json(&json!({"policy": "search", "identity": who})).send().await;
+                let who = if i % 3 == 0 {
+                    "user:heavy".to_string()
+                } else {
+                    format!("user:{}", i % 7)
+                };
+                let _ = c
+                    .post(&url)
+                    .json(&json!({"policy": "api", "identity": who}))
+                    .send()
+                    .await;
+                let _ = c
+                    .post(&url)
+                    .json(&json!({"policy": "search", "identity": who}))
+                    .send()
+                    .await;
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         })
@@ -393,7 +524,11 @@ async fn the_console_in_a_real_browser() {
     // Without the token: the login form, and no data at all.
     driver.goto(&s.url("/ui")).await;
     driver
-        .wait_for("the login form", 20, "return !document.getElementById('login').hidden")
+        .wait_for(
+            "the login form",
+            20,
+            "return !document.getElementById('login').hidden",
+        )
         .await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let shown = driver
@@ -401,7 +536,10 @@ async fn the_console_in_a_real_browser() {
         .await;
     assert_eq!(shown[0], true, "the console is shown without a token");
     assert_eq!(shown[1], 0, "policies rendered without a token");
-    assert!(!shown[2].as_str().unwrap().contains("user:heavy"), "data shown without a token");
+    assert!(
+        !shown[2].as_str().unwrap().contains("user:heavy"),
+        "data shown without a token"
+    );
 
     // A token link logs in directly and leaves the address bar.
     driver.goto("about:blank").await;
@@ -416,7 +554,11 @@ async fn the_console_in_a_real_browser() {
         .await
         .as_u64()
         .unwrap();
-    assert_eq!(driver.js("return location.hash").await, "", "the token stays in the address bar");
+    assert_eq!(
+        driver.js("return location.hash").await,
+        "",
+        "the token stays in the address bar"
+    );
     let points = "return document.querySelector('.policy[data-policy=api] polyline.decisions').getAttribute('points')";
     let chart_before = driver.js(points).await;
     // The numbers and the chart move while traffic flows.
@@ -438,7 +580,10 @@ async fn the_console_in_a_real_browser() {
         .split(' ')
         .map(|p| p.split(',').nth(1).unwrap().parse().unwrap())
         .collect();
-    assert!(heights.iter().any(|&y| y < 60.0), "the chart shows no traffic: {heights:?}");
+    assert!(
+        heights.iter().any(|&y| y < 60.0),
+        "the chart shows no traffic: {heights:?}"
+    );
     driver
         .wait_for(
             "the heavy identity on top",
@@ -474,10 +619,23 @@ async fn the_console_in_a_real_browser() {
     driver.type_into("#try-identity", "user:fresh").await;
     driver.click("#try-form button[type=submit]").await;
     let verdict = driver
-        .wait_for("the try-a-check answer", 10, "const v = document.getElementById('try-verdict'); return v.textContent")
+        .wait_for(
+            "the try-a-check answer",
+            10,
+            "const v = document.getElementById('try-verdict'); return v.textContent",
+        )
         .await;
-    assert!(verdict.as_str().unwrap().contains("3 of 3 left"), "{verdict}");
-    let (_, state) = call(&s, Method::POST, "/v1/state", Some(json!({"policy": "api", "identity": "user:fresh"}))).await;
+    assert!(
+        verdict.as_str().unwrap().contains("3 of 3 left"),
+        "{verdict}"
+    );
+    let (_, state) = call(
+        &s,
+        Method::POST,
+        "/v1/state",
+        Some(json!({"policy": "api", "identity": "user:fresh"})),
+    )
+    .await;
     assert_eq!(state["remaining"], 3, "the try consumed: {state}");
 
     // The whole page, with the ban in force, for review.
@@ -492,7 +650,11 @@ async fn the_console_in_a_real_browser() {
     // Lifting the ban from the page.
     driver.click("#bans td.act button").await;
     driver
-        .wait_for("the ban lifted", 10, "return document.querySelector('#bans td.empty') !== null")
+        .wait_for(
+            "the ban lifted",
+            10,
+            "return document.querySelector('#bans td.empty') !== null",
+        )
         .await;
     assert_eq!(check(&s, "api", "user:banned-in-ui").await["allowed"], true);
 
@@ -502,17 +664,29 @@ async fn the_console_in_a_real_browser() {
     let overflow = driver
         .js("return document.documentElement.scrollWidth - document.documentElement.clientWidth")
         .await;
-    assert!(overflow.as_i64().unwrap() <= 1, "wider than a phone screen by {overflow} px");
+    assert!(
+        overflow.as_i64().unwrap() <= 1,
+        "wider than a phone screen by {overflow} px"
+    );
     driver.screenshot(&dir.join("console-phone.png")).await;
 
     // Logging out leaves no data on the page.
     driver.resize(1280, 1400).await;
     driver.click("#logout").await;
     driver
-        .wait_for("the login form again", 10, "return !document.getElementById('login').hidden")
+        .wait_for(
+            "the login form again",
+            10,
+            "return !document.getElementById('login').hidden",
+        )
         .await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert_eq!(driver.js("return document.querySelectorAll('#policies *').length").await, 0);
+    assert_eq!(
+        driver
+            .js("return document.querySelectorAll('#policies *').length")
+            .await,
+        0
+    );
 
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     traffic.await.unwrap();

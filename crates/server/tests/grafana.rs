@@ -13,7 +13,10 @@ use serde_json::{Value, json};
 
 /// Every `sluice_*` name in the dashboard's queries.
 fn queried_metrics() -> BTreeSet<String> {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../examples/grafana/sluice.json");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../examples/grafana/sluice.json"
+    );
     let dash: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
     let mut exprs = Vec::new();
     for p in dash["panels"].as_array().unwrap() {
@@ -40,8 +43,10 @@ fn queried_metrics() -> BTreeSet<String> {
 }
 
 fn exported(text: &str, name: &str) -> bool {
-    text.lines()
-        .any(|l| l.strip_prefix(name).is_some_and(|r| r.starts_with('{') || r.starts_with(' ')))
+    text.lines().any(|l| {
+        l.strip_prefix(name)
+            .is_some_and(|r| r.starts_with('{') || r.starts_with(' '))
+    })
 }
 
 #[tokio::test]
@@ -76,7 +81,12 @@ async fn every_metric_the_dashboard_queries_is_exported() {
     for _ in 0..4 {
         assert_eq!(check("user:1").await, 200);
     }
-    let reload = c.post(s.url("/admin/reload")).bearer_auth("t").send().await.unwrap();
+    let reload = c
+        .post(s.url("/admin/reload"))
+        .bearer_auth("t")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(reload.status(), 200);
     // The store goes away: checks fail open, and the store's errors are counted.
     redis.kill();
@@ -94,10 +104,16 @@ async fn every_metric_the_dashboard_queries_is_exported() {
         .await
         .unwrap();
     let missing: Vec<&String> = names.iter().filter(|n| !exported(&text, n)).collect();
-    assert!(missing.is_empty(), "queried by the dashboard but not in /metrics: {missing:?}\n{text}");
+    assert!(
+        missing.is_empty(),
+        "queried by the dashboard but not in /metrics: {missing:?}\n{text}"
+    );
     // The heavy-hitter gauges are by rank only: no identity in any label.
     assert!(!text.contains("user:1"), "an identity in a metric label");
     assert!(exported(&text, "sluice_top_identity_count"));
-    assert!(text.contains("sluice_top_identity_count{list=\"decisions\",rank=\"1\"} 4"), "{text}");
+    assert!(
+        text.contains("sluice_top_identity_count{list=\"decisions\",rank=\"1\"} 4"),
+        "{text}"
+    );
     s.stop().await;
 }

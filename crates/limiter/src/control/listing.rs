@@ -84,7 +84,8 @@ impl ControlPlane {
             .overrides
             .iter()
             .flat_map(|(policy, m)| {
-                m.iter().map(move |(identity, slot)| (policy, identity, &slot.entry))
+                m.iter()
+                    .map(move |(identity, slot)| (policy, identity, &slot.entry))
             })
             .filter(|(_, _, e)| live(e.expires_at_ms, now))
             .map(|(policy, identity, e)| ListedOverride {

@@ -86,7 +86,11 @@ pub(super) async fn stats(State(shared): State<Shared>, req: Request) -> Respons
             s.insert("kind".into(), json!(store));
             s.insert(
                 "breaker".into(),
-                json!(if rt.limiter.store_circuit_open() { "open" } else { "closed" }),
+                json!(if rt.limiter.store_circuit_open() {
+                    "open"
+                } else {
+                    "closed"
+                }),
             );
         }
     }

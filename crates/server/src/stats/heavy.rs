@@ -94,14 +94,20 @@ impl SpaceSaving {
                 error: *e,
             })
             .collect();
-        all.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.identity.cmp(&b.identity)));
+        all.sort_by(|a, b| {
+            b.count
+                .cmp(&a.count)
+                .then_with(|| a.identity.cmp(&b.identity))
+        });
         all.truncate(n);
         all
     }
 
     /// The estimate of `identity`: `(count, error)` when monitored.
     pub fn get(&self, identity: &str) -> Option<(u64, u64)> {
-        self.index.get(identity).map(|&i| (self.slots[i].1, self.slots[i].2))
+        self.index
+            .get(identity)
+            .map(|&i| (self.slots[i].1, self.slots[i].2))
     }
 
     /// The smallest monitored count once full (an upper bound on any unmonitored identity's
@@ -208,7 +214,9 @@ impl HeavyHitters {
                     if merged.contains_key(&c.identity) {
                         continue;
                     }
-                    let (oc, oe) = other.get(&c.identity).unwrap_or((other.floor(), other.floor()));
+                    let (oc, oe) = other
+                        .get(&c.identity)
+                        .unwrap_or((other.floor(), other.floor()));
                     merged.insert(
                         c.identity.clone(),
                         Counted {
@@ -221,7 +229,11 @@ impl HeavyHitters {
             }
             all.extend(merged.into_values());
         }
-        all.sort_by(|a, b| b.count.cmp(&a.count).then_with(|| a.identity.cmp(&b.identity)));
+        all.sort_by(|a, b| {
+            b.count
+                .cmp(&a.count)
+                .then_with(|| a.identity.cmp(&b.identity))
+        });
         all.truncate(n);
         (all, total)
     }

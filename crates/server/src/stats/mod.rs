@@ -332,7 +332,10 @@ mod tests {
         assert_eq!(api["totals"]["decisions"], 6);
         assert_eq!(api["totals"]["allowed"], 4);
         assert_eq!(api["totals"]["denied"], 2);
-        assert_eq!(api["series"]["decisions"].as_array().unwrap().len(), HISTORY_SECS);
+        assert_eq!(
+            api["series"]["decisions"].as_array().unwrap().len(),
+            HISTORY_SECS
+        );
         assert_eq!(r["policies"][1]["policy"], "idle");
         assert_eq!(r["policies"][1]["totals"]["decisions"], 0);
         assert_eq!(r["top"]["decisions"][0]["identity"], "user:heavy");

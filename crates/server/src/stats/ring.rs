@@ -154,8 +154,14 @@ mod tests {
         for us in [1u64, 2, 3, 5, 7, 100, 1234, 99_999, 5_000_000] {
             let b = latency_bucket(us);
             let upper = bucket_upper_us(b);
-            assert!(upper >= us as f64, "{us} µs above its bucket's edge {upper}");
-            assert!(upper <= us as f64 * 1.26 + 1.0, "{us} µs: edge {upper} too far");
+            assert!(
+                upper >= us as f64,
+                "{us} µs above its bucket's edge {upper}"
+            );
+            assert!(
+                upper <= us as f64 * 1.26 + 1.0,
+                "{us} µs: edge {upper} too far"
+            );
         }
         let mut counts = [0u64; LATENCY_BUCKETS];
         for us in 1..=100u64 {
