@@ -35,7 +35,10 @@ fn decisions(c: &mut Criterion) {
     let observed = Limiter::memory();
     observed.set_observer(Arc::new(sluice_server::stats::Stats::new()));
     let mut g = c.benchmark_group("console_stats");
-    for (name, limiter) in [("check_without_stats", &plain), ("check_with_stats", &observed)] {
+    for (name, limiter) in [
+        ("check_without_stats", &plain),
+        ("check_with_stats", &observed),
+    ] {
         g.bench_function(name, |b| {
             let mut i = 0usize;
             b.iter(|| {

@@ -694,3 +694,90 @@ async fn the_console_in_a_real_browser() {
     let _ = std::fs::remove_dir_all(&profile);
     s.stop().await;
 }
+
+/// The proxy (whose checks run inside the `sluice-http` layer) and the Envoy service are
+/// counted too, with credentials only as their keyed hash.
+#[tokio::test]
+async fn the_proxy_and_the_envoy_service_are_counted() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+
+    let upstream = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let up = upstream.local_addr().unwrap();
+    tokio::spawn(async move {
+        let app = axum::Router::new().fallback(|| async { "ok" });
+        axum::serve(upstream, app).await.unwrap();
+    });
+    let domain = "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit:\n      unit: minute\n      requests_per_unit: 2\n";
+    let toml = format!(
+        "admin_token = \"{TOKEN}\"\nidentity_hash_key = \"{}\"\n[envoy]\nfiles = [\"edge.yaml\"]\n\
+         [policies.per-key]\nalgorithm = \"fixed-window\"\nlimit = 2\nwindow = \"1h\"\nidentity = \"api-key:x-api-key\"\n\
+         [[routes]]\nprefix = \"/api\"\npolicies = [\"per-key\"]\nupstream = \"http://{up}\"\n",
+        "cd".repeat(32)
+    );
+    let s = common::start_with(&toml, &[("edge.yaml", domain)]).await;
+    // Proxy: 3 requests with one API key (2 admitted, 1 denied).
+    let mut codes = Vec::new();
+    for _ in 0..3 {
+        let r = client()
+            .get(s.proxy_url("/api/x"))
+            .header("x-api-key", "sk-proxy-secret")
+            .send()
+            .await
+            .unwrap();
+        codes.push(r.status().as_u16());
+    }
+    assert_eq!(codes, [200, 200, 429]);
+    // Envoy: 3 calls for one address (2 OK, 1 over the limit).
+    let mut rls = RateLimitServiceClient::connect(s.grpc_url()).await.unwrap();
+    for _ in 0..3 {
+        let req = RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "remote_address".into(),
+                    value: "10.0.0.9".into(),
+                }],
+                ..Default::default()
+            }],
+            hits_addend: 0,
+        };
+        rls.should_rate_limit(req).await.unwrap();
+    }
+    let (st, stats) = call(&s, Method::GET, "/v1/stats", None).await;
+    assert_eq!(st, 200);
+    let per_key = policy(&stats, "per-key");
+    assert_eq!(per_key["totals"]["decisions"], 3, "{per_key}");
+    assert_eq!(per_key["totals"]["denied"], 1, "{per_key}");
+    let others: Vec<&Value> = stats["policies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["policy"] != "per-key")
+        .collect();
+    let envoy_decisions: u64 = others
+        .iter()
+        .map(|p| p["totals"]["decisions"].as_u64().unwrap())
+        .sum();
+    let envoy_denied: u64 = others
+        .iter()
+        .map(|p| p["totals"]["denied"].as_u64().unwrap())
+        .sum();
+    assert_eq!((envoy_decisions, envoy_denied), (3, 1), "{others:?}");
+    let text = stats["top"].to_string();
+    assert!(
+        !text.contains("sk-proxy-secret"),
+        "a raw API key in the stats: {text}"
+    );
+    assert!(text.contains("10.0.0.9"), "{text}");
+    let heavy: Vec<&str> = stats["top"]["denials"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["identity"].as_str().unwrap())
+        .collect();
+    assert_eq!(heavy.len(), 2, "{heavy:?}");
+    s.stop().await;
+}
