@@ -30,6 +30,18 @@ pub(super) async fn stats(State(shared): State<Shared>, req: Request) -> Respons
         count("stats", StatusCode::UNAUTHORIZED);
         return unauthorized(name);
     }
+    // Identities are not for everyone who can reach a public listener: without any token the
+    // report is served on a loopback listener only (or when explicitly allowed).
+    if token.is_none()
+        && !rt.config.server.http.ip().is_loopback()
+        && !rt.config.server.public_admin_without_token
+    {
+        count("stats", StatusCode::FORBIDDEN);
+        return super::problem(
+            StatusCode::FORBIDDEN,
+            "/v1/stats names identities: set admin_token to serve it on a non-loopback listener              (or server.public_admin_without_token = true)",
+        );
+    }
     let mut configured: Vec<&str> = rt.config.policies.keys().map(String::as_str).collect();
     configured.sort_unstable();
     let mut report = shared.stats().report(TOP_N, &configured);
