@@ -30,12 +30,7 @@ pub(super) async fn stats(State(shared): State<Shared>, req: Request) -> Respons
         count("stats", StatusCode::UNAUTHORIZED);
         return unauthorized(name);
     }
-    // Identities are not for everyone who can reach a public listener: without any token the
-    // report is served on a loopback listener only (or when explicitly allowed).
-    if token.is_none()
-        && !rt.config.server.http.ip().is_loopback()
-        && !rt.config.server.public_admin_without_token
-    {
+    if !served_without_token(&rt.config, token) {
         count("stats", StatusCode::FORBIDDEN);
         return super::problem(
             StatusCode::FORBIDDEN,
@@ -110,6 +105,14 @@ pub(super) async fn stats(State(shared): State<Shared>, req: Request) -> Respons
     json_response(StatusCode::OK, &report)
 }
 
+/// Identities are not for everyone who can reach a public listener: without any token the
+/// report is served on a loopback listener only (or when explicitly allowed).
+fn served_without_token(config: &crate::Config, token: Option<&str>) -> bool {
+    token.is_some()
+        || config.server.http.ip().is_loopback()
+        || config.server.public_admin_without_token
+}
+
 /// `/v1/stats` in the OpenAPI document.
 pub(super) fn add_openapi(doc: &mut Value) {
     doc["paths"]["/v1/stats"] = json!({
@@ -123,4 +126,29 @@ pub(super) fn add_openapi(doc: &mut Value) {
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_token_only_a_loopback_listener_serves_the_report() {
+        let config = |extra: &str| {
+            crate::Config::parse(
+                &format!("[server]\nhttp = \"0.0.0.0:8080\"\nadmin = \"127.0.0.1:9090\"\n{extra}"),
+                "sluice.toml",
+                None,
+            )
+            .unwrap()
+        };
+        assert!(!served_without_token(&config(""), None));
+        assert!(served_without_token(&config(""), Some("t")));
+        assert!(served_without_token(
+            &config("public_admin_without_token = true"),
+            None
+        ));
+        let local = crate::Config::parse("", "sluice.toml", None).unwrap();
+        assert!(served_without_token(&local, None));
+    }
 }
