@@ -14,6 +14,7 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -28,12 +29,16 @@ pub struct Counted {
     pub error: u64,
 }
 
+/// Maps on the decision path: foldhash, as the control plane's tables use, instead of SipHash.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// A Space-Saving summary of at most `capacity` identities.
 #[derive(Debug, Clone)]
 pub struct SpaceSaving {
     capacity: usize,
-    index: HashMap<Box<str>, usize>,
-    slots: Vec<(Box<str>, u64, u64)>,
+    index: FastMap<Arc<str>, usize>,
+    /// Identity (shared with `index`, one allocation), count, error.
+    slots: Vec<(Arc<str>, u64, u64)>,
     total: u64,
 }
 
@@ -43,7 +48,7 @@ impl SpaceSaving {
         let capacity = capacity.max(1);
         SpaceSaving {
             capacity,
-            index: HashMap::with_capacity(capacity),
+            index: FastMap::with_capacity_and_hasher(capacity, Default::default()),
             slots: Vec::with_capacity(capacity),
             total: 0,
         }
@@ -56,9 +61,10 @@ impl SpaceSaving {
             self.slots[i].1 = self.slots[i].1.saturating_add(weight);
             return;
         }
+        let key: Arc<str> = Arc::from(identity);
         if self.slots.len() < self.capacity {
-            self.index.insert(identity.into(), self.slots.len());
-            self.slots.push((identity.into(), weight, 0));
+            self.index.insert(Arc::clone(&key), self.slots.len());
+            self.slots.push((key, weight, 0));
             return;
         }
         // Replace the smallest: a linear scan of `capacity` counts, paid only by identities
@@ -72,10 +78,10 @@ impl SpaceSaving {
             .expect("capacity is at least 1");
         let old = std::mem::replace(
             &mut self.slots[i],
-            (identity.into(), min.saturating_add(weight), min),
+            (Arc::clone(&key), min.saturating_add(weight), min),
         );
         self.index.remove(&old.0);
-        self.index.insert(identity.into(), i);
+        self.index.insert(key, i);
     }
 
     /// The total weight added.
@@ -159,7 +165,7 @@ impl Windows {
 #[derive(Debug)]
 pub struct HeavyHitters {
     shards: Vec<Mutex<Windows>>,
-    hasher: std::collections::hash_map::RandomState,
+    hasher: foldhash::fast::RandomState,
 }
 
 impl Default for HeavyHitters {

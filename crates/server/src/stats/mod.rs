@@ -61,17 +61,28 @@ fn outcome_index(o: Outcome) -> usize {
     }
 }
 
-#[derive(Debug)]
 struct PolicySeries {
     counts: SecondRing<6>,
     latency: SecondRing<LATENCY_BUCKETS>,
+    /// The policy's Prometheus histograms, registered once: recording through a kept handle
+    /// skips building the labels and looking them up on every decision.
+    decision_histogram: metrics::Histogram,
+    store_histogram: metrics::Histogram,
+}
+
+impl std::fmt::Debug for PolicySeries {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PolicySeries").finish_non_exhaustive()
+    }
 }
 
 impl PolicySeries {
-    fn new() -> Self {
+    fn new(policy: &str) -> Self {
         PolicySeries {
             counts: SecondRing::new(HISTORY_SECS),
             latency: SecondRing::new(LATENCY_SECS),
+            decision_histogram: metrics::histogram!("sluice_decision_duration_seconds", "policy" => policy.to_string()),
+            store_histogram: metrics::histogram!("sluice_store_call_duration_seconds", "policy" => policy.to_string()),
         }
     }
 }
@@ -90,7 +101,7 @@ struct ReloadRecord {
 #[derive(Debug)]
 pub struct Stats {
     started: Instant,
-    policies: RwLock<HashMap<String, Arc<PolicySeries>>>,
+    policies: RwLock<HashMap<String, Arc<PolicySeries>, foldhash::fast::RandomState>>,
     /// Store calls: latency buckets per second.
     store_latency: SecondRing<LATENCY_BUCKETS>,
     /// Store calls per second: calls, errors.
@@ -116,7 +127,7 @@ impl Stats {
     pub fn new() -> Self {
         Stats {
             started: Instant::now(),
-            policies: RwLock::new(HashMap::new()),
+            policies: RwLock::new(HashMap::default()),
             store_latency: SecondRing::new(LATENCY_SECS),
             store_calls: SecondRing::new(LATENCY_SECS),
             decisions: HeavyHitters::new(),
@@ -135,7 +146,7 @@ impl Stats {
         }
         Some(Arc::clone(
             all.entry(policy.to_string())
-                .or_insert_with(|| Arc::new(PolicySeries::new())),
+                .or_insert_with(|| Arc::new(PolicySeries::new(policy))),
         ))
     }
 
@@ -262,16 +273,21 @@ impl DecisionObserver for Stats {
             let outcome = event.outcome(limit);
             // The configured name: an override's policy keeps it too.
             let name = policy.name.as_str();
-            if let Some(s) = self.series(name) {
-                s.counts.add(now, 0, 1);
-                s.counts.add(now, outcome_index(outcome), 1);
-                if last_policy != Some(name) {
-                    s.latency.add(now, bucket, 1);
+            let first = last_policy != Some(name);
+            match self.series(name) {
+                Some(s) => {
+                    s.counts.add(now, 0, 1);
+                    s.counts.add(now, outcome_index(outcome), 1);
+                    if first {
+                        s.latency.add(now, bucket, 1);
+                        s.decision_histogram.record(event.elapsed.as_secs_f64());
+                    }
                 }
-            }
-            if last_policy != Some(name) {
-                metrics::histogram!("sluice_decision_duration_seconds", "policy" => name.to_string())
-                    .record(event.elapsed.as_secs_f64());
+                None if first => {
+                    metrics::histogram!("sluice_decision_duration_seconds", "policy" => name.to_string())
+                        .record(event.elapsed.as_secs_f64());
+                }
+                None => {}
             }
             last_policy = Some(name);
             self.decisions.add(identity.as_str(), now);
@@ -290,8 +306,13 @@ impl DecisionObserver for Stats {
             self.store_calls.add(now, 1, 1);
         }
         for p in policies {
-            metrics::histogram!("sluice_store_call_duration_seconds", "policy" => p.to_string())
-                .record(elapsed.as_secs_f64());
+            match self.series(p) {
+                Some(s) => s.store_histogram.record(elapsed.as_secs_f64()),
+                None => {
+                    metrics::histogram!("sluice_store_call_duration_seconds", "policy" => p.to_string())
+                        .record(elapsed.as_secs_f64());
+                }
+            }
         }
     }
 }
