@@ -35,17 +35,29 @@ fn decisions(c: &mut Criterion) {
     let observed = Limiter::memory();
     observed.set_observer(Arc::new(sluice_server::stats::Stats::new()));
     let mut g = c.benchmark_group("console_stats");
-    for (name, limiter) in [
-        ("check_without_stats", &plain),
-        ("check_with_stats", &observed),
-    ] {
-        g.bench_function(name, |b| {
-            let mut i = 0usize;
-            b.iter(|| {
-                i = (i + 1) % ids.len();
-                rt.block_on(limiter.check(&ids[i], &policy, 1)).allowed
-            })
-        });
+    // `round_robin`: every identity in turn, more than the heavy-hitter summary monitors, so
+    // every decision replaces an entry (its worst case). `skewed`: 90% of decisions from 10
+    // identities, the rest spread over 990 (a usual shape of API traffic).
+    let pick = |i: usize, skewed: bool| {
+        if !skewed {
+            i % ids.len()
+        } else if !i.is_multiple_of(10) {
+            i % 10
+        } else {
+            10 + (i / 10) % (ids.len() - 10)
+        }
+    };
+    for (shape, skewed) in [("round_robin", false), ("skewed", true)] {
+        for (name, limiter) in [("without_stats", &plain), ("with_stats", &observed)] {
+            g.bench_function(format!("{shape}/{name}"), |b| {
+                let mut i = 0usize;
+                b.iter(|| {
+                    i = i.wrapping_add(1);
+                    rt.block_on(limiter.check(&ids[pick(i, skewed)], &policy, 1))
+                        .allowed
+                })
+            });
+        }
     }
     g.finish();
 }
