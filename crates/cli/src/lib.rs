@@ -10,6 +10,7 @@
 //! - [`loadtest`]: a constant-arrival-rate HTTP driver with the arithmetic's prediction beside
 //!   the measured admitted count, and an SVG plot.
 //! - [`keyslot`]: Redis Cluster slots of keys.
+//! - [`top`]: `sluice top`, the live view of a running `sluice serve` in the terminal.
 //! - [`logging`]: which log filter applies (`SLUICE_LOG`, then `RUST_LOG`) and when to colour.
 #![forbid(unsafe_code)]
 
@@ -21,3 +22,4 @@ pub mod logging;
 pub mod plot;
 pub mod policy_args;
 pub mod race;
+pub mod top;

@@ -5,7 +5,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use sluice_cli::{admin, check, keyslot, loadtest, race};
+use sluice_cli::{admin, check, keyslot, loadtest, race, top};
 
 /// sluice: a distributed API rate limiter.
 #[derive(Debug, Parser)]
@@ -31,6 +31,8 @@ enum Command {
     Keyslot(keyslot::KeyslotArgs),
     /// Drive a running `sluice serve`: state, reset, charge, refund, overrides, bans, lists.
     Admin(admin::AdminArgs),
+    /// The live view of a running `sluice serve` in the terminal (q or Ctrl-C quits).
+    Top(top::TopArgs),
     /// Print the Lua scripts (and the Function library) with their KEYS/ARGV contracts.
     Scripts {
         /// Print only these scripts (token-bucket, gcra, leaky-bucket, fixed-window,
@@ -104,6 +106,7 @@ async fn run_async(command: Command) -> ExitCode {
             Err(e) => fail(&e.to_string()),
         },
         Command::Admin(args) => admin::run(&args, &mut out).await,
+        Command::Top(args) => top::run(&args, &mut out).await,
         Command::Check(args) => match check::run(&args, &mut out).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&e),

@@ -18,6 +18,7 @@
 //! - [`local`]: `failure_mode = "local"`, the embedded store that decides while the store is
 //!   unreachable.
 //! - [`lease_token`]: a check's concurrency leases as text, to release in a later request.
+//! - [`observer`]: a hook that sees every decision and store call (live views).
 //! - [`url`]: store selection by URL.
 //!
 //! # Features
@@ -34,6 +35,7 @@ pub mod deny_cache;
 pub mod lease_token;
 pub mod limiter;
 pub mod local;
+pub mod observer;
 pub mod url;
 
 pub use control::{
@@ -44,6 +46,7 @@ pub use deny_cache::DenyCacheMode;
 pub use lease_token::{LeaseToken, LeaseTokenError, TokenLease};
 pub use limiter::{Checked, Lease, LimitResult, Limiter, LimiterBuilder, Verdict};
 pub use local::{InvalidLocalShare, LocalShare};
+pub use observer::{DecisionEvent, DecisionObserver, Outcome};
 pub use sluice_core as core;
 pub use sluice_core::{
     Algorithm, Decision, DenyReason, FailureMode, Identity, KeyScheme, LeakyMode, Policy, Rate,

@@ -181,6 +181,7 @@ impl LimiterBuilder {
                     .then(|| DenyCache::new(DENY_CACHE_CAPACITY)),
                 local: LocalFallback::new(self.local_share),
                 control: self.control.unwrap_or_else(ControlPlane::local),
+                observer: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -200,6 +201,7 @@ struct Inner {
     deny_cache: Option<DenyCache>,
     local: LocalFallback,
     control: ControlPlane,
+    observer: std::sync::OnceLock<Arc<dyn crate::observer::DecisionObserver>>,
 }
 
 /// One policy of a check on its way through [`Limiter::check_many`]: the result being filled
@@ -322,9 +324,24 @@ impl Limiter {
     /// all-or-nothing (one store call); shadow policies are checked in a separate call so they
     /// never block consumption of enforced ones.
     pub async fn check_many(&self, items: &[(&Identity, &Arc<Policy>, u64)]) -> Checked {
+        let start = Instant::now();
         let checked = self.decide_many(items).await;
         crate::control::hook::after(&self.inner.control, items, &checked);
+        if let Some(observer) = self.inner.observer.get() {
+            observer.decision(&crate::observer::DecisionEvent {
+                items,
+                checked: &checked,
+                elapsed: start.elapsed(),
+                global_shadow: self.inner.global_shadow,
+            });
+        }
         checked
+    }
+
+    /// Sets the observer of every later decision and store call; `false` (and nothing
+    /// changes) when one is already set.
+    pub fn set_observer(&self, observer: Arc<dyn crate::observer::DecisionObserver>) -> bool {
+        self.inner.observer.set(observer).is_ok()
     }
 
     async fn decide_many(&self, items: &[(&Identity, &Arc<Policy>, u64)]) -> Checked {
@@ -354,7 +371,17 @@ impl Limiter {
                 .map(|&i| planned[i].check_item())
                 .collect();
             let sent = inner.now_us();
-            match self.call_store(&check_items).await {
+            let result = self.call_store(&check_items).await;
+            if let Some(observer) = inner.observer.get() {
+                let policies: Vec<&str> = call
+                    .items
+                    .iter()
+                    .map(|&i| planned[i].result.policy.name.as_str())
+                    .collect();
+                let elapsed = Duration::from_micros(inner.now_us().saturating_sub(sent));
+                observer.store_call(&policies, elapsed, result.as_ref().err());
+            }
+            match result {
                 Ok(MultiDecision { allowed, decisions }) => {
                     for (&i, d) in call.items.iter().zip(decisions) {
                         let item = &mut planned[i];

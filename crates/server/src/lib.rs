@@ -14,12 +14,15 @@
 //! - [`config`]: the TOML file, checked with `FILE:LINE: field: message` errors.
 //! - [`envoy`]: Envoy domains in envoyproxy/ratelimit YAML, descriptor matching, planning (pure).
 //! - [`state`]: the running configuration and limiter, swapped whole on reload; metrics.
+//! - [`stats`]: live statistics for the console, `/v1/stats` and `sluice top` (heavy
+//!   hitters, per-policy counters of the last minutes, store latency).
 //! - [`api`]: the HTTP listener (decision API, health, metrics, admin).
 //! - [`rls`]: the Envoy `ShouldRateLimit` gRPC service.
 //! - [`proxy`]: the reverse proxy.
 //! - [`limits`], [`listener`]: connection discipline on every listener (timeouts, head size,
 //!   global and per-IP connection caps with a reserve for health and admin).
 //! - [`reload`]: SIGHUP, file watching, `/admin/reload`.
+//! - `ui`: the operator console at `/ui`, its assets compiled in.
 //! - [`cli`]: `sluice serve` and `sluice validate` arguments and entry points.
 #![forbid(unsafe_code)]
 
@@ -33,7 +36,9 @@ pub mod proxy;
 pub mod reload;
 pub mod rls;
 pub mod state;
+pub mod stats;
 pub mod testing;
+mod ui;
 
 /// The former name of [`envoy`], kept so existing paths keep compiling.
 pub use envoy as descriptors;

@@ -25,6 +25,12 @@ use crate::state::{Shared, build_limiter};
 /// Reloads the configuration from its file. Returns the new generation, or the errors (the
 /// running configuration is kept).
 pub async fn reload(shared: &Shared, trigger: &str) -> Result<u64, Vec<String>> {
+    let result = reload_file(shared, trigger).await;
+    shared.stats().reload_done(trigger, &result);
+    result
+}
+
+async fn reload_file(shared: &Shared, trigger: &str) -> Result<u64, Vec<String>> {
     let _guard = shared.reload_guard().await;
     let current = shared.runtime();
     let Some(path) = current.config.path.clone() else {

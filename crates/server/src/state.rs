@@ -32,6 +32,7 @@ struct Inner {
     current: RwLock<Arc<Runtime>>,
     reload: tokio::sync::Mutex<()>,
     metrics: Option<PrometheusHandle>,
+    stats: Arc<crate::stats::Stats>,
 }
 
 /// The shared state of a running server. Cheap to clone.
@@ -42,6 +43,8 @@ impl Shared {
     /// State serving `config` with `limiter`.
     pub fn new(config: Config, limiter: Limiter) -> Self {
         limiter.control().configure(config.control.clone());
+        let stats = Arc::new(crate::stats::Stats::new());
+        limiter.set_observer(stats.clone());
         let rt = Runtime {
             config: Arc::new(config),
             limiter,
@@ -51,6 +54,7 @@ impl Shared {
             current: RwLock::new(Arc::new(rt)),
             reload: tokio::sync::Mutex::new(()),
             metrics: metrics_handle(),
+            stats,
         }))
     }
 
@@ -62,6 +66,8 @@ impl Shared {
     /// Replaces the running configuration; returns the new generation.
     pub fn install(&self, config: Config, limiter: Limiter) -> u64 {
         limiter.control().configure(config.control.clone());
+        // A carried-over limiter keeps the observer it has.
+        limiter.set_observer(self.0.stats.clone());
         let mut cur = self.0.current.write();
         let generation = cur.generation + 1;
         *cur = Arc::new(Runtime {
@@ -71,6 +77,11 @@ impl Shared {
         });
         metrics::gauge!("sluice_config_generation").set(generation as f64);
         generation
+    }
+
+    /// The live statistics (console, `/v1/stats`, `sluice top`), kept across reloads.
+    pub fn stats(&self) -> &Arc<crate::stats::Stats> {
+        &self.0.stats
     }
 
     /// Serializes reloads (SIGHUP, file change and `/admin/reload` may race).
@@ -84,6 +95,7 @@ impl Shared {
         for (kind, count) in self.runtime().limiter.store().evictions() {
             metrics::counter!("sluice_store_evictions_total", "kind" => kind).absolute(count);
         }
+        crate::stats::prometheus::set_top_gauges(&self.0.stats);
         self.0.metrics.as_ref().map(PrometheusHandle::render)
     }
 }
@@ -143,11 +155,22 @@ pub fn metrics_handle() -> Option<PrometheusHandle> {
                         0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
                     ],
                 )
+                .ok()?
+                .set_buckets_for_metric(
+                    Matcher::Full("sluice_decision_duration_seconds".into()),
+                    crate::stats::prometheus::LATENCY_BUCKETS_S,
+                )
+                .ok()?
+                .set_buckets_for_metric(
+                    Matcher::Full("sluice_store_call_duration_seconds".into()),
+                    crate::stats::prometheus::LATENCY_BUCKETS_S,
+                )
                 .ok()?;
             let recorder = builder.build_recorder();
             let handle = recorder.handle();
             metrics::set_global_recorder(recorder).ok()?;
             describe_metrics();
+            crate::stats::prometheus::describe();
             Some(handle)
         })
         .clone()

@@ -15,6 +15,7 @@
 //! it moves, so a change reaches every instance's next decision within a second.
 
 pub(crate) mod hook;
+pub mod listing;
 #[cfg(feature = "redis")]
 mod redis;
 pub mod tables;
@@ -27,6 +28,7 @@ use std::time::Duration;
 use parking_lot::{Mutex, RwLock};
 use sluice_core::{Algorithm, Clock, Policy, StoreError, SystemClock};
 
+pub use listing::{ControlListing, ListedBan, ListedEntry, ListedOverride};
 pub use tables::{BanEntry, ListEntry, OverrideEntry, OverrideTarget};
 use tables::{Found, Now, Tables};
 

@@ -455,6 +455,75 @@ pub(crate) struct Tables {
     plans: std::sync::Arc<HashMap<String, HashMap<String, Algorithm>>>,
 }
 
+/// One list entry in force, for the operators' listing.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ListedPlace {
+    pub(crate) kind: ListKind,
+    /// The identity, or the network in CIDR form.
+    pub(crate) entry: String,
+    /// Written in the configuration file.
+    pub(crate) configured: bool,
+    /// Unix ms a runtime entry ends at (`None`: never, or a file entry).
+    pub(crate) expires_at_ms: Option<u64>,
+}
+
+impl Tables {
+    /// Every override in force at `now_ms`: (policy, identity, entry).
+    pub(crate) fn live_overrides(&self, now_ms: u64) -> Vec<(&str, &str, &OverrideEntry)> {
+        self.identities
+            .iter()
+            .flat_map(|(identity, e)| {
+                e.overrides
+                    .iter()
+                    .map(move |(policy, slot)| (&**policy, &**identity, &slot.entry))
+            })
+            .filter(|(_, _, e)| e.expires_at_ms.is_none_or(|t| t > now_ms))
+            .collect()
+    }
+
+    /// Every ban in force at `now_ms`: (identity, ban).
+    pub(crate) fn live_bans(&self, now_ms: u64) -> Vec<(&str, &BanEntry)> {
+        self.identities
+            .iter()
+            .flat_map(|(identity, e)| e.bans.iter().map(move |b| (&**identity, b)))
+            .filter(|(_, b)| b.until_ms > now_ms)
+            .collect()
+    }
+
+    /// Every list entry in force at `now_ms`, identities and networks.
+    pub(crate) fn live_list_entries(&self, now_ms: u64) -> Vec<ListedPlace> {
+        let now = Now::at(now_ms);
+        let mut out = Vec::new();
+        for kind in [ListKind::Allow, ListKind::Deny] {
+            let place = |entry: String, listed: Listed| {
+                listed.live(&now).then(|| ListedPlace {
+                    kind,
+                    entry,
+                    configured: listed.configured,
+                    expires_at_ms: if listed.configured {
+                        None
+                    } else {
+                        listed.runtime.flatten()
+                    },
+                })
+            };
+            for (identity, e) in &self.identities {
+                let listed = match kind {
+                    ListKind::Allow => e.lists.allow,
+                    ListKind::Deny => e.lists.deny,
+                };
+                if !listed.is_empty() {
+                    out.extend(place(identity.to_string(), listed));
+                }
+            }
+            for (n, listed) in self.networks.of_kind(kind) {
+                out.extend(place(n.to_string(), listed));
+            }
+        }
+        out
+    }
+}
+
 impl Tables {
     pub(crate) fn is_empty(&self) -> bool {
         self.identities.is_empty() && self.networks.is_empty()

@@ -16,6 +16,8 @@
 //! - [`control`]: `/v1/overrides`, `/v1/bans`, `/v1/lists/*`, runtime exceptions to the
 //!   policies (admin token);
 //! - [`auth`]: the optional bearer tokens (`admin_token`, `server.api_token` for `/v1/*`);
+//! - [`stats`]: `/v1/stats`, the live statistics of the console and `sluice top` (admin
+//!   token);
 //! - [`openapi`]: the request and response shapes, served at `/openapi.json`.
 
 mod admin;
@@ -24,6 +26,7 @@ mod check;
 mod control;
 mod openapi;
 mod state;
+mod stats;
 
 use axum::Router;
 use axum::body::Body;
@@ -98,6 +101,8 @@ fn decision_routes(shared: Shared) -> Router<Shared> {
         .merge(decisions)
         .merge(control)
         .merge(state::routes())
+        .route("/v1/stats", get(stats::stats))
+        .merge(crate::ui::routes())
         .route("/openapi.json", get(openapi::openapi_json))
 }
 

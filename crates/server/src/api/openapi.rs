@@ -107,6 +107,7 @@ pub fn openapi() -> Value {
     });
     super::state::add_openapi(&mut doc);
     super::control::add_openapi(&mut doc);
+    super::stats::add_openapi(&mut doc);
     doc
 }
 
@@ -130,6 +131,7 @@ mod tests {
             "/v1/bans",
             "/v1/lists/allow",
             "/v1/lists/deny",
+            "/v1/stats",
         ] {
             assert!(doc["paths"][p].is_object(), "{p}");
         }

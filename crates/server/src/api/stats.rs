@@ -1,0 +1,154 @@
+//! `GET /v1/stats`: everything the console and `sluice top` show, as one JSON document.
+//!
+//! It names identities (the heaviest ones, the banned ones), so it takes the admin token as
+//! the control plane does (else `server.api_token` when only that is set). Identities appear
+//! as keyed: a credential only as its keyed hash.
+
+use axum::extract::{Request, State};
+use axum::response::Response;
+use http::StatusCode;
+use serde_json::{Value, json};
+use sluice::ListKind;
+
+use super::auth::{bearer_allows, unauthorized};
+use super::{count, json_response};
+use crate::state::Shared;
+
+/// Identities in each heavy-hitter list of the report.
+const TOP_N: usize = 20;
+
+/// Entries of each control kind listed.
+const MAX_LISTED: usize = 200;
+
+pub(super) async fn stats(State(shared): State<Shared>, req: Request) -> Response {
+    let rt = shared.runtime();
+    let (token, name) = match rt.config.admin_token.as_deref() {
+        Some(t) => (Some(t), "admin_token"),
+        None => (rt.config.server.api_token.as_deref(), "api_token"),
+    };
+    if !bearer_allows(req.headers(), token) {
+        count("stats", StatusCode::UNAUTHORIZED);
+        return unauthorized(name);
+    }
+    if !served_without_token(&rt.config, token) {
+        count("stats", StatusCode::FORBIDDEN);
+        return super::problem(
+            StatusCode::FORBIDDEN,
+            "/v1/stats names identities: set admin_token to serve it on a non-loopback listener              (or server.public_admin_without_token = true)",
+        );
+    }
+    let mut configured: Vec<&str> = rt.config.policies.keys().map(String::as_str).collect();
+    configured.sort_unstable();
+    let mut report = shared.stats().report(TOP_N, &configured);
+    let policies: Vec<Value> = configured
+        .iter()
+        .filter_map(|n| rt.config.policies.get(*n))
+        .map(|pc| {
+            json!({
+                "name": pc.policy.name,
+                "shadow": pc.policy.shadow,
+                "quota": pc.policy.algorithm.quota(),
+            })
+        })
+        .collect();
+    let control = rt.limiter.control();
+    let listing = control.listing(MAX_LISTED);
+    let overrides: Vec<Value> = listing
+        .overrides
+        .iter()
+        .map(|o| json!({"policy": o.policy, "identity": o.identity, "target": o.target, "expires_at_ms": o.expires_at_ms}))
+        .collect();
+    let bans: Vec<Value> = listing
+        .bans
+        .iter()
+        .map(|b| json!({"identity": b.identity, "policies": b.policies, "until_ms": b.until_ms}))
+        .collect();
+    let lists: Vec<Value> = listing
+        .lists
+        .iter()
+        .map(|e| {
+            json!({
+                "list": match e.list { ListKind::Allow => "allow", ListKind::Deny => "deny" },
+                "entry": e.entry,
+                "expires_at_ms": e.expires_at_ms,
+                "from_config": e.from_config,
+            })
+        })
+        .collect();
+    let store = rt.limiter.store().kind();
+    if let Value::Object(m) = &mut report {
+        m.insert("generation".into(), json!(rt.generation));
+        m.insert("configured_policies".into(), Value::from(policies));
+        m.insert(
+            "control".into(),
+            json!({
+                "backend": control.backend(),
+                "overrides": overrides,
+                "bans": bans,
+                "lists": lists,
+                "truncated": listing.truncated,
+            }),
+        );
+        if let Some(Value::Object(s)) = m.get_mut("store") {
+            s.insert("kind".into(), json!(store));
+            s.insert(
+                "breaker".into(),
+                json!(if rt.limiter.store_circuit_open() {
+                    "open"
+                } else {
+                    "closed"
+                }),
+            );
+        }
+    }
+    count("stats", StatusCode::OK);
+    json_response(StatusCode::OK, &report)
+}
+
+/// Identities are not for everyone who can reach a public listener: without any token the
+/// report is served on a loopback listener only (or when explicitly allowed).
+fn served_without_token(config: &crate::Config, token: Option<&str>) -> bool {
+    token.is_some()
+        || config.server.http.ip().is_loopback()
+        || config.server.public_admin_without_token
+}
+
+/// `/v1/stats` in the OpenAPI document.
+pub(super) fn add_openapi(doc: &mut Value) {
+    doc["paths"]["/v1/stats"] = json!({
+        "get": {
+            "summary": "Live statistics: per-policy counters of the last 5 minutes, store latency and breaker, heavy hitters, the last reload, control entries in force (docs/console.md)",
+            "responses": {
+                "200": { "description": "The report", "content": { "application/json": { "schema": { "type": "object",
+                    "required": ["generation", "uptime_s", "policies", "store", "top", "last_reload", "control"] } } } },
+                "401": { "description": "admin_token is set (else server.api_token) and the request does not carry it",
+                    "content": { "application/problem+json": { "schema": { "$ref": "#/components/schemas/Problem" } } } }
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_a_token_only_a_loopback_listener_serves_the_report() {
+        let config = |extra: &str| {
+            crate::Config::parse(
+                &format!("[server]\nhttp = \"0.0.0.0:8080\"\nadmin = \"127.0.0.1:9090\"\n{extra}"),
+                "sluice.toml",
+                None,
+            )
+            .unwrap()
+        };
+        assert!(!served_without_token(&config(""), None));
+        assert!(served_without_token(&config(""), Some("t")));
+        assert!(served_without_token(
+            &config("public_admin_without_token = true"),
+            None
+        ));
+        let local = crate::Config::parse("", "sluice.toml", None).unwrap();
+        assert!(served_without_token(&local, None));
+    }
+}
