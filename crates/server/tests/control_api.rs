@@ -365,6 +365,22 @@ async fn a_change_through_one_instance_is_obeyed_by_the_other_within_a_second() 
 
 #[tokio::test]
 async fn the_proxy_answers_403_to_a_denied_client_and_429_to_a_banned_key() {
+    proxy_obeys_lists_and_bans(None).await;
+}
+
+/// The same through the proxy of one `sluice serve` while the changes go through another
+/// instance on the same redis-server.
+#[tokio::test]
+async fn the_proxy_obeys_lists_and_bans_set_through_another_instance_on_redis() {
+    let Some(redis) = Redis::start() else {
+        panic!("redis-server is needed for this test");
+    };
+    proxy_obeys_lists_and_bans(Some(&redis.url())).await;
+}
+
+/// A deny entry and a ban by credential, each set through the decision API, reach the
+/// proxy's routes. With `redis`, they are set through a second instance on that store.
+async fn proxy_obeys_lists_and_bans(redis: Option<&str>) {
     let up = {
         let app = axum::Router::new().fallback(|| async { "upstream" });
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -372,8 +388,10 @@ async fn the_proxy_answers_403_to_a_denied_client_and_429_to_a_banned_key() {
         tokio::spawn(async move { axum::serve(l, app).await });
         addr
     };
+    let store = redis.map_or_else(String::new, |u| format!("[store]\nurl = \"{u}\"\n"));
     let routes = format!(
         r#"
+{store}
 [policies.per-ip]
 algorithm = "fixed-window"
 limit = 100
@@ -397,6 +415,12 @@ upstream = "http://{up}"
 "#
     );
     let s = start(&config(&routes)).await;
+    let other = match redis {
+        Some(_) => Some(start(&config(&routes)).await),
+        None => None,
+    };
+    // Where changes are made: the other instance when there is one.
+    let admin = other.as_ref().unwrap_or(&s);
     let c = client();
     let get = |path: &'static str| {
         let c = c.clone();
@@ -411,39 +435,53 @@ upstream = "http://{up}"
             (status, retry, res.text().await.unwrap())
         }
     };
+    let second = Duration::from_millis(1500);
     assert_eq!(get("/ip/a").await.0, 200);
     let (status, _) = call(
-        &s,
+        admin,
         Method::POST,
         "/v1/lists/deny",
         json!({"entry": "127.0.0.1"}),
     )
     .await;
     assert_eq!(status, 200);
+    within("deny entry", second, || async {
+        get("/ip/a").await.0 == 403
+    })
+    .await;
     let (status, retry, body) = get("/ip/a").await;
     assert_eq!((status, retry), (403, None), "{body}");
     assert!(body.contains("deny list"), "{body}");
     call(
-        &s,
+        admin,
         Method::DELETE,
         "/v1/lists/deny",
         json!({"entry": "127.0.0.1"}),
     )
     .await;
-    assert_eq!(get("/ip/a").await.0, 200);
+    within("deny entry removed", second, || async {
+        get("/ip/a").await.0 == 200
+    })
+    .await;
 
     // A ban by credential reaches the bucket the proxy keys by that API key.
     let (status, v) = call(
-        &s,
+        admin,
         Method::POST,
         "/v1/bans",
         json!({"credential": "k1", "duration": "2m", "policies": ["per-key"]}),
     )
     .await;
     assert_eq!(status, 200, "{v}");
+    within("ban", second, || async { get("/key/a").await.0 == 429 }).await;
     let (status, retry, body) = get("/key/a").await;
-    assert_eq!((status, retry.as_deref()), (429, Some("120")), "{body}");
+    let retry: u64 = retry.expect("Retry-After").parse().unwrap();
+    assert_eq!(status, 429, "{body}");
+    assert!((119..=120).contains(&retry), "the ban's time left: {retry}");
     assert!(body.contains("banned"), "{body}");
     assert_eq!(get("/ip/a").await.0, 200, "the ban is scoped to per-key");
     s.stop().await;
+    if let Some(o) = other {
+        o.stop().await;
+    }
 }
