@@ -327,7 +327,7 @@ pub fn plan(command: &AdminCommand) -> Result<Call, String> {
 }
 
 /// Sends `c` to `base`; the status and the body.
-async fn send(
+pub(crate) async fn send(
     base: &str,
     token: Option<&str>,
     c: &Call,

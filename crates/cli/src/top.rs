@@ -14,10 +14,8 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use bytes::Bytes;
 use clap::Args;
-use http::{Method, Request, header};
-use http_body_util::{BodyExt, Full};
+use http::Method;
 use serde_json::Value;
 
 /// `sluice top`.
@@ -39,43 +37,13 @@ pub struct TopArgs {
 
 /// Reads `/v1/stats` once.
 pub async fn fetch(url: &str, token: Option<&str>) -> Result<Value, String> {
-    let base = url.trim_end_matches('/');
-    if !base.starts_with("http://") {
-        return Err(format!(
-            "--url {base:?}: expected http://HOST:PORT (the sluice serve HTTP listener)"
-        ));
-    }
-    let uri = format!("{base}/v1/stats");
-    let mut req = Request::builder()
-        .method(Method::GET)
-        .uri(&uri)
-        .header(header::ACCEPT, "application/json");
-    if let Some(t) = token {
-        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
-    }
-    let req = req
-        .body(Full::new(Bytes::new()))
-        .map_err(|e| format!("{uri}: {e}"))?;
-    let client: hyper_util::client::legacy::Client<_, Full<Bytes>> =
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-            .build_http();
-    let exchange = async {
-        let res = client
-            .request(req)
-            .await
-            .map_err(|e| format!("cannot reach {uri}: {e}"))?;
-        let status = res.status().as_u16();
-        let body = res
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| format!("reading the answer of {uri}: {e}"))?
-            .to_bytes();
-        Ok::<_, String>((status, body))
+    let uri = format!("{}/v1/stats", url.trim_end_matches('/'));
+    let call = crate::admin::Call {
+        method: Method::GET,
+        path: "/v1/stats".into(),
+        body: None,
     };
-    let (status, body) = tokio::time::timeout(Duration::from_secs(5), exchange)
-        .await
-        .map_err(|_| format!("{uri}: no answer within 5 s"))??;
+    let (status, body) = crate::admin::send(url, token, &call, Duration::from_secs(5)).await?;
     let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     match status {
         200 => Ok(v),
