@@ -1,8 +1,10 @@
 //! `sluice admin` against a real `sluice serve` (both the built binary), over loopback.
 #![forbid(unsafe_code)]
 
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+mod support;
+use support::Serve;
+
+use std::process::Command;
 
 use serde_json::Value;
 
@@ -20,67 +22,8 @@ limit = 10000
 window = "1 month"
 "#;
 
-/// A `sluice serve` child on a free loopback port, killed on drop.
-struct Serve {
-    child: Child,
-    url: String,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn serve() -> Serve {
-    let dir = std::env::temp_dir().join(format!(
-        "sluice-admin-cli-{}-{}",
-        std::process::id(),
-        free_port()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("sluice.toml");
-    std::fs::write(&file, CONFIG).unwrap();
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("serve")
-        .arg("--config")
-        .arg(&file)
-        .args([
-            "--http",
-            &format!("127.0.0.1:{port}"),
-            "--grpc",
-            "127.0.0.1:0",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let s = Serve {
-        child,
-        url: format!("http://127.0.0.1:{port}"),
-        dir,
-    };
-    let start = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "sluice serve did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    s
+    support::serve("admin", CONFIG)
 }
 
 /// Runs `sluice admin ARGS` against `s` with `token`: exit code, parsed stdout, stderr.
@@ -168,7 +111,7 @@ fn refusals_exit_non_zero_with_the_problem_detail() {
         .args([
             "admin",
             "--url",
-            &format!("http://127.0.0.1:{}", free_port()),
+            &format!("http://127.0.0.1:{}", support::free_port()),
             "state",
             "get",
         ])

@@ -2,9 +2,12 @@
 //! number of frames as plain text, with the numbers of the traffic sent.
 #![forbid(unsafe_code)]
 
+mod support;
+use support::Serve;
+
 use std::io::{Read, Write};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 const CONFIG: &str = r#"
 admin_token = "t0p"
@@ -15,63 +18,8 @@ limit = 3
 window = "1h"
 "#;
 
-/// A `sluice serve` child on a free loopback port, killed on drop.
-struct Serve {
-    child: Child,
-    port: u16,
-    dir: std::path::PathBuf,
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn serve() -> Serve {
-    let dir = std::env::temp_dir().join(format!(
-        "sluice-top-cli-{}-{}",
-        std::process::id(),
-        free_port()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join("sluice.toml");
-    std::fs::write(&file, CONFIG).unwrap();
-    let port = free_port();
-    let child = Command::new(env!("CARGO_BIN_EXE_sluice"))
-        .arg("serve")
-        .arg("--config")
-        .arg(&file)
-        .args([
-            "--http",
-            &format!("127.0.0.1:{port}"),
-            "--grpc",
-            "127.0.0.1:0",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let s = Serve { child, port, dir };
-    let start = Instant::now();
-    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "sluice serve did not start"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    s
+    support::serve("top", CONFIG)
 }
 
 /// One `POST /v1/check` over a plain HTTP/1.1 connection; the status code.
@@ -94,7 +42,7 @@ fn check(s: &Serve, who: &str) -> u16 {
 fn top(s: &Serve, token: Option<&str>) -> (i32, String, String) {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sluice"));
     cmd.args(["top", "--iterations", "2", "--interval-ms", "200"])
-        .env("SLUICE_URL", format!("http://127.0.0.1:{}", s.port))
+        .env("SLUICE_URL", &s.url)
         .env_remove("SLUICE_ADMIN_TOKEN");
     if let Some(t) = token {
         cmd.env("SLUICE_ADMIN_TOKEN", t);
