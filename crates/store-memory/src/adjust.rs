@@ -16,7 +16,7 @@ impl MemoryStore {
     pub fn reset_now(&self, key: &str) -> bool {
         let now = self.clock.now();
         let hash = self.hash(key);
-        let mut shard = self.shards[self.shard_index(hash)].lock();
+        let mut shard = self.shards[self.shard_index(hash)].write();
         let live = shard.get(hash, key).is_some_and(|e| e.expires_at > now);
         let removed = shard.remove(hash, key);
         let bytes = shard.take_bytes_delta();
@@ -38,7 +38,7 @@ impl MemoryStore {
     ) -> Result<Decision, AdjustError> {
         let now = self.clock.now();
         let hash = self.hash(key);
-        let mut shard = self.shards[self.shard_index(hash)].lock();
+        let mut shard = self.shards[self.shard_index(hash)].write();
         let found = shard.lookup(hash, key, now, algorithm, &self.evicted_lease);
         let stale = matches!(found, Lookup::Stale);
         let outcome = algorithm::adjust(algorithm, found.state(), now, adjustment)?;

@@ -30,7 +30,7 @@ impl MemoryStore {
         };
         let mut at_rest = 0;
         for shard in self.shards.iter() {
-            let mut shard = shard.lock();
+            let mut shard = shard.write();
             let removed = shard.sweep(now);
             let bytes = shard.take_bytes_delta();
             drop(shard);
@@ -75,7 +75,7 @@ impl MemoryStore {
     fn evict_soonest(&self, count: usize, now: Timestamp) -> (usize, usize) {
         let mut expiries: Vec<Timestamp> = Vec::with_capacity(self.len());
         for shard in self.shards.iter() {
-            shard.lock().expiries(&mut expiries);
+            shard.read().expiries(&mut expiries);
         }
         let mut budget = count.min(expiries.len());
         if budget == 0 {
@@ -91,7 +91,7 @@ impl MemoryStore {
                 if budget == 0 {
                     break;
                 }
-                let mut shard = shard.lock();
+                let mut shard = shard.write();
                 let before = shard.len();
                 let (r, i) = shard.evict(cutoff, strictly_before, &mut budget, now);
                 shard.shrink_if_sparse();

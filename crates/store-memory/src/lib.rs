@@ -33,11 +33,10 @@ mod shard;
 pub mod summary;
 
 use std::collections::HashMap;
-use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use parking_lot::{Mutex, MutexGuard};
+use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
 use sluice_core::algorithm::{self, State, Update};
 use sluice_core::{
     Algorithm, CheckItem, Clock, Decision, DenyReason, LeaseId, MultiDecision, Store, StoreError,
@@ -82,6 +81,19 @@ impl Clock for FastClock {
     }
 }
 
+/// A shard's lock on a cache line of its own, so checks of keys in neighbouring shards on
+/// two cores do not contend for one line.
+#[derive(Debug)]
+#[repr(align(128))]
+struct ShardLock(RwLock<Shard>);
+
+impl std::ops::Deref for ShardLock {
+    type Target = RwLock<Shard>;
+    fn deref(&self) -> &RwLock<Shard> {
+        &self.0
+    }
+}
+
 /// The default number of shards.
 pub const DEFAULT_SHARDS: usize = 64;
 
@@ -101,9 +113,10 @@ pub struct EvictionCounts {
 /// The embedded in-memory [`Store`].
 #[derive(Debug)]
 pub struct MemoryStore {
-    shards: Box<[Mutex<Shard>]>,
-    /// Keyed (SipHash) so clients choosing identities cannot pile every key onto one shard.
-    hasher: std::hash::RandomState,
+    shards: Box<[ShardLock]>,
+    /// Keyed with random keys (aHash) so clients choosing identities cannot pile every key
+    /// onto one shard or one probe chain.
+    hasher: ahash::RandomState,
     clock: Arc<dyn Clock>,
     max_keys: Option<usize>,
     max_memory: Option<usize>,
@@ -170,9 +183,9 @@ impl MemoryStoreBuilder {
         let width = (self.summary_width / self.shards).max(16);
         MemoryStore {
             shards: (0..self.shards)
-                .map(|_| Mutex::new(Shard::new(width)))
+                .map(|_| ShardLock(RwLock::new(Shard::new(width))))
                 .collect(),
-            hasher: std::hash::RandomState::new(),
+            hasher: ahash::RandomState::new(),
             clock: self.clock,
             max_keys: self.max_keys,
             max_memory: self.max_memory,
@@ -286,7 +299,11 @@ impl MemoryStore {
         let now = self.clock.now();
         let key = item.key;
         let hash = self.hash(key);
-        let mut shard = self.shards[self.shard_index(hash)].lock();
+        let lock = &self.shards[self.shard_index(hash)];
+        if let Some(decision) = Self::check_in_cell(&lock.read(), hash, item, now) {
+            return decision;
+        }
+        let mut shard = lock.write();
         let found = shard.lookup(hash, key, now, item.algorithm, &self.evicted_lease);
         let stale = matches!(found, Lookup::Stale);
         let summarized = matches!(found, Lookup::Summarized(_));
@@ -323,6 +340,28 @@ impl MemoryStore {
         outcome.decision
     }
 
+    /// The read path of a one-limit check: a key held in a [`shard::Cell`] of its algorithm
+    /// decides from the cell's word and writes with one compare-and-swap, deciding again if
+    /// another thread swapped first. `None` sends the check to the write path: the key is not
+    /// held in a cell of this algorithm, or the new state does not fit it.
+    #[inline]
+    fn check_in_cell(shard: &Shard, hash: u64, item: &CheckItem<'_>, now: Timestamp) -> Option<Decision> {
+        let cell = shard.cell(hash, item.key)?;
+        loop {
+            let (seen, state) = cell.load_for(item.algorithm, now)?;
+            let outcome = algorithm::decide(item.algorithm, Some(&state), now, item.cost, None);
+            match outcome.update {
+                Update::Keep => return Some(outcome.decision),
+                Update::Put { state, expires_at } => match cell.swap(seen, &state, expires_at) {
+                    shard::Swap::Done => return Some(outcome.decision),
+                    shard::Swap::Raced => continue,
+                    shard::Swap::Unfit => return None,
+                },
+                Update::Delete => return None,
+            }
+        }
+    }
+
     /// The synchronous core of [`Store::check`]: evaluates and (if all admit) commits.
     pub fn check_now(&self, items: &[CheckItem<'_>]) -> MultiDecision {
         if let [item] = items {
@@ -349,8 +388,8 @@ impl MemoryStore {
         let mut order = idx.clone();
         order.sort_unstable();
         order.dedup();
-        let mut guards: Vec<(usize, MutexGuard<'_, Shard>)> =
-            order.iter().map(|&s| (s, self.shards[s].lock())).collect();
+        let mut guards: Vec<(usize, RwLockWriteGuard<'_, Shard>)> =
+            order.iter().map(|&s| (s, self.shards[s].write())).collect();
         let slot = |s: usize| order.binary_search(&s).unwrap_or(0);
         for s in &mut idx {
             *s = slot(*s);
@@ -459,7 +498,7 @@ impl MemoryStore {
 
     /// Counts a check against each locked shard and sweeps those that have seen as many checks
     /// as they hold entries (at least 64), so sweeping costs O(1) per check amortised.
-    fn sweep_some(&self, guards: &mut [(usize, MutexGuard<'_, Shard>)], now: Timestamp) -> usize {
+    fn sweep_some(&self, guards: &mut [(usize, RwLockWriteGuard<'_, Shard>)], now: Timestamp) -> usize {
         let mut removed = 0;
         for (_, shard) in guards.iter_mut() {
             shard.ops_since_sweep += 1;
@@ -474,7 +513,7 @@ impl MemoryStore {
     pub fn release_now(&self, key: &str, lease: &LeaseId) -> bool {
         let now = self.clock.now();
         let hash = self.hash(key);
-        let mut shard = self.shards[self.shard_index(hash)].lock();
+        let mut shard = self.shards[self.shard_index(hash)].write();
         let Some(state) = shard.get(hash, key).filter(|e| e.expires_at > now) else {
             return false;
         };

@@ -1,16 +1,25 @@
 //! One shard of the embedded store: a hash table of keyed states, what it costs in bytes, and
 //! the summaries of the states it had to evict.
 //!
+//! A state of two 64-bit fields or fewer (GCRA, token bucket, leaky bucket, fixed window) is
+//! held in a [`Cell`]: one 128-bit atomic word, so a check of a key already held decides under
+//! the shard's *read* lock and writes with one compare-and-swap (see the crate docs). Other
+//! states (sliding windows, concurrency) are boxed [`Entry`]s changed under the write lock.
+//! The two shapes keep the table's slots at 64 bytes.
+//!
 //! The byte count is kept as the shard changes, so the store can compare its total against
 //! `max_memory` with one atomic load. It counts what the shard allocates: the table itself
 //! (its exact allocation, slots and control bytes), each key's heap copy and the heap part of
-//! each state (a sliding log's entries, a concurrency limit's leases), every heap block rounded
-//! up as glibc's allocator does (16-byte steps, 8 bytes of header, 32 bytes at least), and the
-//! sketches.
+//! each state (a boxed entry, a sliding log's entries, a concurrency limit's leases), every
+//! heap block rounded up as glibc's allocator does (16-byte steps, 8 bytes of header, 32 bytes
+//! at least), and the sketches.
 #![forbid(unsafe_code)]
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use hashbrown::HashTable;
-use sluice_core::algorithm::State;
+use portable_atomic::AtomicU128;
+use sluice_core::algorithm::{State, fixed_window, gcra, leaky_bucket, token_bucket};
 use sluice_core::{Algorithm, LeaseId, Timestamp};
 
 use crate::summary::{self, Sketch};
@@ -22,19 +31,222 @@ const MAX_POLICIES: usize = 64;
 const SHARED: u8 = u8::MAX;
 
 /// A stored state and when it is back to its initial value.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct Entry {
     pub(crate) state: State,
     pub(crate) expires_at: Timestamp,
 }
 
-/// A key, its hash (kept for rehashing when the table grows), its entry and which sketch
+/// Which state a [`Cell`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CellKind {
+    Gcra,
+    TokenBucket,
+    LeakyBucket,
+    FixedWindow,
+}
+
+/// A state of at most two 64-bit fields in one atomic word, and when it is back at rest.
+///
+/// `expires` only ever grows while the shard is read-locked (`fetch_max` after a successful
+/// swap). The read path sends a state it sees at rest to the write path, which drops it; a
+/// read that sees `expires` before another thread's `fetch_max` lands only takes that detour
+/// (under the write lock every swap is complete). Decisions come from the word alone: a state
+/// past its expiry decides exactly as no state, by each algorithm's own arithmetic.
+#[derive(Debug)]
+pub(crate) struct Cell {
+    kind: CellKind,
+    bits: AtomicU128,
+    expires: AtomicU64,
+}
+
+/// Two fields in one word: `hi` in the upper 64 bits.
+#[inline]
+fn pack(hi: u64, lo: u64) -> u128 {
+    (u128::from(hi) << 64) | u128::from(lo)
+}
+
+#[inline]
+fn unpack(bits: u128) -> (u64, u64) {
+    ((bits >> 64) as u64, bits as u64)
+}
+
+impl CellKind {
+    /// The kind of word that holds `state`, and the word; `None` for states that need more.
+    #[inline]
+    fn encode(state: &State) -> Option<(CellKind, u128)> {
+        Some(match *state {
+            State::Gcra(gcra::State { tat }) => (CellKind::Gcra, u128::from(tat)),
+            State::TokenBucket(token_bucket::State { tokens, last_ms }) => {
+                (CellKind::TokenBucket, pack(tokens, last_ms))
+            }
+            State::LeakyBucket(leaky_bucket::State { level, last_ms }) => {
+                (CellKind::LeakyBucket, pack(level, last_ms))
+            }
+            State::FixedWindow(fixed_window::State {
+                window_start,
+                count,
+            }) => (CellKind::FixedWindow, pack(window_start, count)),
+            _ => return None,
+        })
+    }
+
+    #[inline]
+    fn decode(self, bits: u128) -> State {
+        let (hi, lo) = unpack(bits);
+        match self {
+            CellKind::Gcra => State::Gcra(gcra::State { tat: bits as u64 }),
+            CellKind::TokenBucket => State::TokenBucket(token_bucket::State {
+                tokens: hi,
+                last_ms: lo,
+            }),
+            CellKind::LeakyBucket => State::LeakyBucket(leaky_bucket::State {
+                level: hi,
+                last_ms: lo,
+            }),
+            CellKind::FixedWindow => State::FixedWindow(fixed_window::State {
+                window_start: hi,
+                count: lo,
+            }),
+        }
+    }
+
+    /// Whether a check under `algorithm` reads this kind of state (a stored state of another
+    /// algorithm counts as absent, which only the write path handles).
+    #[inline]
+    fn serves(self, algorithm: &Algorithm) -> bool {
+        matches!(
+            (self, algorithm),
+            (CellKind::Gcra, Algorithm::Gcra { .. })
+                | (CellKind::TokenBucket, Algorithm::TokenBucket { .. })
+                | (CellKind::LeakyBucket, Algorithm::LeakyBucket { .. })
+                | (CellKind::FixedWindow, Algorithm::FixedWindow { .. })
+        )
+    }
+}
+
+/// What a compare-and-swap on a cell came to.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Swap {
+    /// The new state is in.
+    Done,
+    /// Another thread changed the cell first: decide again from the new word.
+    Raced,
+    /// The new state does not fit this cell: take the write path.
+    Unfit,
+}
+
+impl Cell {
+    fn new(kind: CellKind, bits: u128, expires_at: Timestamp) -> Self {
+        Self {
+            kind,
+            bits: AtomicU128::new(bits),
+            expires: AtomicU64::new(expires_at),
+        }
+    }
+
+    /// The word and the state it holds, if a check under `algorithm` at `now` reads it: a
+    /// state back at rest goes to the write path, which drops it.
+    #[inline]
+    pub(crate) fn load_for(&self, algorithm: &Algorithm, now: Timestamp) -> Option<(u128, State)> {
+        if !self.kind.serves(algorithm) || self.expires.load(Ordering::Relaxed) <= now {
+            return None;
+        }
+        let bits = self.bits.load(Ordering::Acquire);
+        Some((bits, self.kind.decode(bits)))
+    }
+
+    /// Replaces the word `seen` with `state` (back at rest at `expires_at`) unless another
+    /// thread changed it since.
+    #[inline]
+    pub(crate) fn swap(&self, seen: u128, state: &State, expires_at: Timestamp) -> Swap {
+        let Some((kind, bits)) = CellKind::encode(state).filter(|(k, _)| *k == self.kind) else {
+            return Swap::Unfit;
+        };
+        debug_assert_eq!(kind, self.kind);
+        match self
+            .bits
+            .compare_exchange_weak(seen, bits, Ordering::AcqRel, Ordering::Acquire)
+        {
+            Ok(_) => {
+                self.expires.fetch_max(expires_at, Ordering::Relaxed);
+                Swap::Done
+            }
+            Err(_) => Swap::Raced,
+        }
+    }
+
+    fn entry(&self) -> Entry {
+        Entry {
+            state: self.kind.decode(self.bits.load(Ordering::Acquire)),
+            expires_at: self.expires.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// How a slot holds its state.
+#[derive(Debug)]
+enum Value {
+    Cell(Cell),
+    Boxed(Box<Entry>),
+}
+
+impl Value {
+    fn of(entry: Entry) -> Self {
+        match CellKind::encode(&entry.state) {
+            Some((kind, bits)) => Value::Cell(Cell::new(kind, bits, entry.expires_at)),
+            None => Value::Boxed(Box::new(entry)),
+        }
+    }
+
+    #[inline]
+    fn expires_at(&self) -> Timestamp {
+        match self {
+            Value::Cell(c) => c.expires.load(Ordering::Relaxed),
+            Value::Boxed(e) => e.expires_at,
+        }
+    }
+
+    fn held(&self) -> Held<'_> {
+        match self {
+            Value::Cell(c) => Held::Copied(c.entry()),
+            Value::Boxed(e) => Held::Ref(e),
+        }
+    }
+
+    /// Heap bytes: the box and the state's own heap part.
+    fn heap(&self) -> usize {
+        match self {
+            Value::Cell(_) => 0,
+            Value::Boxed(e) => alloc_bytes(std::mem::size_of::<Entry>()) + state_heap(&e.state),
+        }
+    }
+}
+
+/// A stored entry as read: borrowed from its box or copied out of its cell.
+#[derive(Debug)]
+pub(crate) enum Held<'a> {
+    Ref(&'a Entry),
+    Copied(Entry),
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = Entry;
+    fn deref(&self) -> &Entry {
+        match self {
+            Held::Ref(e) => e,
+            Held::Copied(e) => e,
+        }
+    }
+}
+
+/// A key, its hash (kept for rehashing when the table grows), its state and which sketch
 /// summarizes it if it is evicted.
 #[derive(Debug)]
 struct Slot {
     hash: u64,
     key: Box<str>,
-    entry: Entry,
+    value: Value,
     policy: u8,
 }
 
@@ -49,7 +261,7 @@ struct Policy {
 #[derive(Debug)]
 pub(crate) enum Lookup<'a> {
     /// The key's stored, live state.
-    Live(&'a State),
+    Live(Held<'a>),
     /// The key's stored state is back at rest: the key starts fresh (and its slot may go).
     Stale,
     /// The key was evicted: the most restrictive state its summary allows.
@@ -62,7 +274,7 @@ impl Lookup<'_> {
     /// The state to decide from.
     pub(crate) fn state(&self) -> Option<&State> {
         match self {
-            Lookup::Live(s) => Some(s),
+            Lookup::Live(e) => Some(&e.state),
             Lookup::Summarized(s) => Some(s),
             Lookup::Stale | Lookup::Absent => None,
         }
@@ -153,8 +365,17 @@ impl Shard {
     }
 
     #[inline]
-    pub(crate) fn get(&self, hash: u64, key: &str) -> Option<&Entry> {
-        self.map.find(hash, |s| &*s.key == key).map(|s| &s.entry)
+    pub(crate) fn get(&self, hash: u64, key: &str) -> Option<Held<'_>> {
+        self.map.find(hash, |s| &*s.key == key).map(|s| s.value.held())
+    }
+
+    /// The cell of `key`, if the key is held in one (the read path of a check).
+    #[inline]
+    pub(crate) fn cell(&self, hash: u64, key: &str) -> Option<&Cell> {
+        match self.map.find(hash, |s| &*s.key == key).map(|s| &s.value) {
+            Some(Value::Cell(c)) => Some(c),
+            _ => None,
+        }
     }
 
     /// What a check of `key` under `algorithm` starts from at `now`.
@@ -168,7 +389,7 @@ impl Shard {
         evicted_lease: &LeaseId,
     ) -> Lookup<'_> {
         match self.get(hash, key) {
-            Some(e) if e.expires_at > now => Lookup::Live(&e.state),
+            Some(e) if e.expires_at > now => Lookup::Live(e),
             // Stored after any eviction of the key, so it is newer than the summary.
             Some(_) => Lookup::Stale,
             None if self.sketch_bytes == 0 => Lookup::Absent,
@@ -211,7 +432,7 @@ impl Shard {
         match self.map.find_entry(hash, |s| &*s.key == key) {
             Ok(e) => {
                 let (slot, _) = e.remove();
-                self.bytes -= alloc_bytes(slot.key.len()) + state_heap(&slot.entry.state);
+                self.bytes -= alloc_bytes(slot.key.len()) + slot.value.heap();
                 true
             }
             Err(_) => false,
@@ -228,13 +449,11 @@ impl Shard {
         entry: Entry,
         algorithm: &Algorithm,
     ) -> bool {
-        let added = state_heap(&entry.state);
-        if let Some(s) = self.map.find_mut(hash, |s| &*s.key == key) {
-            let removed = state_heap(&s.entry.state);
-            s.entry = entry;
-            self.bytes = self.bytes + added - removed;
+        let Some(entry) = self.replace_held(hash, key, entry) else {
             return false;
-        }
+        };
+        let value = Value::of(entry);
+        let added = value.heap();
         let policy = self.policy_index(algorithm);
         let table_before = self.table_bytes();
         self.map.insert_unique(
@@ -242,7 +461,7 @@ impl Shard {
             Slot {
                 hash,
                 key: key.into(),
-                entry,
+                value,
                 policy,
             },
             |s| s.hash,
@@ -254,14 +473,33 @@ impl Shard {
 
     /// Replaces the entry of a key held; whether it was.
     pub(crate) fn replace(&mut self, hash: u64, key: &str, entry: Entry) -> bool {
-        let added = state_heap(&entry.state);
+        self.replace_held(hash, key, entry).is_none()
+    }
+
+    /// Replaces the entry of a key held; gives `entry` back if the key is not held.
+    fn replace_held(&mut self, hash: u64, key: &str, entry: Entry) -> Option<Entry> {
         let Some(s) = self.map.find_mut(hash, |s| &*s.key == key) else {
-            return false;
+            return Some(entry);
         };
-        let removed = state_heap(&s.entry.state);
-        s.entry = entry;
-        self.bytes = self.bytes + added - removed;
-        true
+        // In place when the shape stays (no allocation); else a new value.
+        match (&mut s.value, CellKind::encode(&entry.state)) {
+            (Value::Cell(c), Some((kind, bits))) if c.kind == kind => {
+                *c.bits.get_mut() = bits;
+                *c.expires.get_mut() = entry.expires_at;
+            }
+            (Value::Boxed(b), None) => {
+                let removed = state_heap(&b.state);
+                let added = state_heap(&entry.state);
+                **b = entry;
+                self.bytes = self.bytes + added - removed;
+            }
+            (value, _) => {
+                let removed = value.heap();
+                *value = Value::of(entry);
+                self.bytes = self.bytes + value.heap() - removed;
+            }
+        }
+        None
     }
 
     /// Drops the entries back at rest by `now`; how many.
@@ -269,9 +507,9 @@ impl Shard {
         let before = self.map.len();
         let bytes = &mut self.bytes;
         self.map.retain(|s| {
-            let keep = s.entry.expires_at > now;
+            let keep = s.value.expires_at() > now;
             if !keep {
-                *bytes -= alloc_bytes(s.key.len()) + state_heap(&s.entry.state);
+                *bytes -= alloc_bytes(s.key.len()) + s.value.heap();
             }
             keep
         });
@@ -281,7 +519,7 @@ impl Shard {
 
     /// When each held entry is back at rest, appended to `out`.
     pub(crate) fn expiries(&self, out: &mut Vec<Timestamp>) {
-        out.extend(self.map.iter().map(|s| s.entry.expires_at));
+        out.extend(self.map.iter().map(|s| s.value.expires_at()));
     }
 
     /// Evicts up to `*budget` entries back at rest by `cutoff` (strictly before it when
@@ -305,7 +543,7 @@ impl Shard {
             ..
         } = self;
         map.retain(|s| {
-            let e = &s.entry;
+            let e = s.value.held();
             let due = if strictly_before {
                 e.expires_at < cutoff
             } else {
@@ -315,7 +553,7 @@ impl Shard {
                 return true;
             }
             *budget -= 1;
-            *bytes -= alloc_bytes(s.key.len()) + state_heap(&e.state);
+            *bytes -= alloc_bytes(s.key.len()) + s.value.heap();
             if e.expires_at <= now {
                 at_rest += 1;
                 return false;
