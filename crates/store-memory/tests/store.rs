@@ -234,3 +234,57 @@ fn the_same_key_twice_in_one_check_counts_twice() {
     assert_eq!(d.denied_by(), Some(1));
     assert_eq!(one(&store, "rl:{dup}:w", &w, 0).remaining, 3);
 }
+
+/// The read path's compare-and-swap under contention: the key is held (in its cell) before
+/// 8 threads race 16,000 attempts of cost 1 or 2 at a limit of 5,000 units; exactly as many
+/// units are admitted as the limit holds, never one more, and no attempt is lost to a race.
+#[test]
+fn racing_swaps_on_a_held_key_admit_exactly_the_limit() {
+    for algorithm in [
+        Algorithm::TokenBucket {
+            capacity: 5_000,
+            rate: Rate::per_second(1),
+        },
+        Algorithm::Gcra {
+            rate: Rate::per_second(1),
+            burst: 4_999,
+        },
+        Algorithm::FixedWindow {
+            limit: 5_000,
+            window_ms: 60_000,
+        },
+        Algorithm::LeakyBucket {
+            capacity: 5_000,
+            rate: Rate::per_second(1),
+            mode: LeakyMode::Policing,
+        },
+    ] {
+        let clock = ManualClock::new(T0);
+        let store = Arc::new(store(&clock));
+        let key = "rl:{user:7}:race";
+        // Held from here on: every attempt below decides in the key's cell.
+        assert!(one(&store, key, &algorithm, 0).allowed);
+        let units = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..8u64)
+            .map(|t| {
+                let (store, units, algorithm) = (store.clone(), units.clone(), algorithm.clone());
+                std::thread::spawn(move || {
+                    for i in 0..2_000u64 {
+                        let cost = 1 + (i + t) % 2;
+                        if one(&store, key, &algorithm, cost).allowed {
+                            units.fetch_add(cost, Ordering::Relaxed);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let admitted = units.load(Ordering::Relaxed);
+        // Costs of 2 may leave one unit unspent at the end, never more.
+        assert!((4_999..=5_000).contains(&admitted), "{algorithm:?}: {admitted}");
+        let left = one(&store, key, &algorithm, 0).remaining;
+        assert_eq!(admitted + left, 5_000, "{algorithm:?}");
+    }
+}
