@@ -2,20 +2,24 @@
 //!
 //! # Layout
 //! - [`MemoryStore`]: the [`Store`] implementation, a map split into shards, each behind its
-//!   own mutex, so checks of different keys rarely contend and there is no global lock on the
-//!   hot path.
+//!   own read-write lock, so checks of different keys rarely contend and there is no global
+//!   lock on the hot path.
 //! - [`MemoryStoreBuilder`]: the clock, the shard count and the limits on keys and bytes.
 //! - [`EvictionCounts`]: what eviction did, for `/metrics`.
 //!
 //! Decisions come from [`sluice_core::algorithm::decide`]; this crate only keeps state and
-//! makes a multi-limit check atomic, by locking every shard involved in ascending order (so two
+//! makes a multi-limit check atomic, by write-locking every shard involved in ascending order (so two
 //! checks can never wait on each other in a cycle) before evaluating anything.
 //!
-//! One keyed hash (SipHash-1-3 with a random key, so clients choosing identities cannot pile
-//! keys onto one shard or one probe chain) is computed per key and check: its high bits pick
-//! the shard and the whole hash places the key in the shard's [`hashbrown::HashTable`]. A check
-//! of one limit ([`MemoryStore::check_one`], what [`Store::check`] does for one item) takes one
-//! lock, allocates nothing for a key already held, and writes the new state in place.
+//! One keyed hash (aHash with random keys, so clients choosing identities cannot pile keys
+//! onto one shard or one probe chain) is computed per key and check: its high bits pick the
+//! shard and the whole hash places the key in the shard's [`hashbrown::HashTable`]. A state
+//! of two 64-bit fields or fewer (GCRA, token bucket, leaky bucket, fixed window) sits in a
+//! 128-bit atomic cell in its slot: a one-limit check of a key held in one
+//! ([`MemoryStore::check_one`], what [`Store::check`] does for one item) takes the shard's read
+//! lock, decides, and writes with one compare-and-swap, retrying on a race; the write lock is
+//! only for new keys, states back at rest, other states and multi-limit checks, so the
+//! all-or-nothing rule above holds against the read path too.
 //!
 //! Memory stays bounded without a background thread: a state past its `expires_at` (back to
 //! its initial value) is dropped when next touched, and each shard sweeps its expired entries
@@ -345,14 +349,26 @@ impl MemoryStore {
     /// another thread swapped first. `None` sends the check to the write path: the key is not
     /// held in a cell of this algorithm, or the new state does not fit it.
     #[inline]
-    fn check_in_cell(shard: &Shard, hash: u64, item: &CheckItem<'_>, now: Timestamp) -> Option<Decision> {
-        let cell = shard.cell(hash, item.key)?;
+    fn check_in_cell(
+        shard: &Shard,
+        hash: u64,
+        item: &CheckItem<'_>,
+        now: Timestamp,
+    ) -> Option<Decision> {
+        let (cell, written_under) = shard.cell(hash, item.key)?;
+        if written_under != item.algorithm {
+            return None;
+        }
         loop {
-            let (seen, state) = cell.load_for(item.algorithm, now)?;
+            let (seen, state) = cell.load();
             let outcome = algorithm::decide(item.algorithm, Some(&state), now, item.cost, None);
             match outcome.update {
-                Update::Keep => return Some(outcome.decision),
-                Update::Put { state, expires_at } => match cell.swap(seen, &state, expires_at) {
+                // A state back at rest goes to the write path, which drops it.
+                Update::Keep => {
+                    let live = shard::expiry(&state, item.algorithm).is_some_and(|at| at > now);
+                    return live.then_some(outcome.decision);
+                }
+                Update::Put { state, .. } => match cell.swap(seen, &state) {
                     shard::Swap::Done => return Some(outcome.decision),
                     shard::Swap::Raced => continue,
                     shard::Swap::Unfit => return None,

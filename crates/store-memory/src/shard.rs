@@ -15,7 +15,7 @@
 //! at least), and the sketches.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use hashbrown::HashTable;
 use portable_atomic::AtomicU128;
@@ -46,18 +46,17 @@ enum CellKind {
     FixedWindow,
 }
 
-/// A state of at most two 64-bit fields in one atomic word, and when it is back at rest.
+/// A state of at most two 64-bit fields in one atomic word.
 ///
-/// `expires` only ever grows while the shard is read-locked (`fetch_max` after a successful
-/// swap). The read path sends a state it sees at rest to the write path, which drops it; a
-/// read that sees `expires` before another thread's `fetch_max` lands only takes that detour
-/// (under the write lock every swap is complete). Decisions come from the word alone: a state
-/// past its expiry decides exactly as no state, by each algorithm's own arithmetic.
+/// The word is all there is: when the state is back at rest follows from it and the slot's
+/// algorithm ([`expiry`]), so a check on the read path changes one word with one
+/// compare-and-swap and nothing else. The slot's policy always names the algorithm the state
+/// was written under (the write path updates it; the read path only serves checks of exactly
+/// that algorithm).
 #[derive(Debug)]
 pub(crate) struct Cell {
     kind: CellKind,
     bits: AtomicU128,
-    expires: AtomicU64,
 }
 
 /// Two fields in one word: `hi` in the upper 64 bits.
@@ -69,6 +68,30 @@ fn pack(hi: u64, lo: u64) -> u128 {
 #[inline]
 fn unpack(bits: u128) -> (u64, u64) {
     ((bits >> 64) as u64, bits as u64)
+}
+
+/// When `state`, written under `algorithm`, is back at rest: the `expires_at` the algorithm
+/// itself gives with that state (checked in debug builds on every write). `None` for states
+/// that are not kept in cells.
+#[inline]
+pub(crate) fn expiry(state: &State, algorithm: &Algorithm) -> Option<Timestamp> {
+    let ms = |last_ms: u64, wait_ms: u64| last_ms.saturating_add(wait_ms).saturating_mul(1000);
+    match (state, algorithm) {
+        (State::Gcra(s), Algorithm::Gcra { .. }) => Some(s.tat),
+        (State::TokenBucket(s), Algorithm::TokenBucket { capacity, rate }) => {
+            let r = rate.reduced();
+            let full = capacity.saturating_mul(r.per_ms);
+            Some(ms(s.last_ms, full.saturating_sub(s.tokens).div_ceil(r.amount.max(1))))
+        }
+        (State::LeakyBucket(s), Algorithm::LeakyBucket { rate, .. }) => {
+            Some(ms(s.last_ms, s.level.div_ceil(rate.reduced().amount.max(1))))
+        }
+        (State::FixedWindow(s), Algorithm::FixedWindow { window_ms, .. }) => {
+            let (_, end) = fixed_window::epoch_bounds((*window_ms).max(1), s.window_start);
+            Some(end.saturating_mul(1000))
+        }
+        _ => None,
+    }
 }
 
 impl CellKind {
@@ -110,19 +133,6 @@ impl CellKind {
             }),
         }
     }
-
-    /// Whether a check under `algorithm` reads this kind of state (a stored state of another
-    /// algorithm counts as absent, which only the write path handles).
-    #[inline]
-    fn serves(self, algorithm: &Algorithm) -> bool {
-        matches!(
-            (self, algorithm),
-            (CellKind::Gcra, Algorithm::Gcra { .. })
-                | (CellKind::TokenBucket, Algorithm::TokenBucket { .. })
-                | (CellKind::LeakyBucket, Algorithm::LeakyBucket { .. })
-                | (CellKind::FixedWindow, Algorithm::FixedWindow { .. })
-        )
-    }
 }
 
 /// What a compare-and-swap on a cell came to.
@@ -137,49 +147,27 @@ pub(crate) enum Swap {
 }
 
 impl Cell {
-    fn new(kind: CellKind, bits: u128, expires_at: Timestamp) -> Self {
-        Self {
-            kind,
-            bits: AtomicU128::new(bits),
-            expires: AtomicU64::new(expires_at),
-        }
-    }
-
-    /// The word and the state it holds, if a check under `algorithm` at `now` reads it: a
-    /// state back at rest goes to the write path, which drops it.
+    /// The word and the state it holds.
     #[inline]
-    pub(crate) fn load_for(&self, algorithm: &Algorithm, now: Timestamp) -> Option<(u128, State)> {
-        if !self.kind.serves(algorithm) || self.expires.load(Ordering::Relaxed) <= now {
-            return None;
-        }
+    pub(crate) fn load(&self) -> (u128, State) {
         let bits = self.bits.load(Ordering::Acquire);
-        Some((bits, self.kind.decode(bits)))
+        (bits, self.kind.decode(bits))
     }
 
-    /// Replaces the word `seen` with `state` (back at rest at `expires_at`) unless another
-    /// thread changed it since.
+    /// Replaces the word `seen` with `state` unless another thread changed it since.
     #[inline]
-    pub(crate) fn swap(&self, seen: u128, state: &State, expires_at: Timestamp) -> Swap {
-        let Some((kind, bits)) = CellKind::encode(state).filter(|(k, _)| *k == self.kind) else {
-            return Swap::Unfit;
-        };
-        debug_assert_eq!(kind, self.kind);
-        match self
-            .bits
-            .compare_exchange_weak(seen, bits, Ordering::AcqRel, Ordering::Acquire)
-        {
-            Ok(_) => {
-                self.expires.fetch_max(expires_at, Ordering::Relaxed);
-                Swap::Done
-            }
-            Err(_) => Swap::Raced,
-        }
-    }
-
-    fn entry(&self) -> Entry {
-        Entry {
-            state: self.kind.decode(self.bits.load(Ordering::Acquire)),
-            expires_at: self.expires.load(Ordering::Relaxed),
+    pub(crate) fn swap(&self, seen: u128, state: &State) -> Swap {
+        match CellKind::encode(state) {
+            Some((kind, bits)) if kind == self.kind => match self.bits.compare_exchange_weak(
+                seen,
+                bits,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => Swap::Done,
+                Err(_) => Swap::Raced,
+            },
+            _ => Swap::Unfit,
         }
     }
 }
@@ -192,25 +180,44 @@ enum Value {
 }
 
 impl Value {
-    fn of(entry: Entry) -> Self {
-        match CellKind::encode(&entry.state) {
-            Some((kind, bits)) => Value::Cell(Cell::new(kind, bits, entry.expires_at)),
-            None => Value::Boxed(Box::new(entry)),
+    /// A cell when the state fits one and its expiry follows from it and `algorithm` (the
+    /// slot's policy, `None` for keys of the shared sketch); else a box.
+    fn of(entry: Entry, algorithm: Option<&Algorithm>) -> Self {
+        let derived = algorithm.and_then(|a| expiry(&entry.state, a));
+        match (CellKind::encode(&entry.state), derived) {
+            (Some((kind, bits)), Some(at)) => {
+                debug_assert_eq!(at, entry.expires_at, "{:?} under {algorithm:?}", entry.state);
+                Value::Cell(Cell {
+                    kind,
+                    bits: AtomicU128::new(bits),
+                })
+            }
+            _ => Value::Boxed(Box::new(entry)),
         }
     }
 
-    #[inline]
-    fn expires_at(&self) -> Timestamp {
+    /// The entry, with its expiry (a cell's from `algorithm`, the slot's policy).
+    fn held(&self, algorithm: Option<&Algorithm>) -> Held<'_> {
         match self {
-            Value::Cell(c) => c.expires.load(Ordering::Relaxed),
-            Value::Boxed(e) => e.expires_at,
-        }
-    }
-
-    fn held(&self) -> Held<'_> {
-        match self {
-            Value::Cell(c) => Held::Copied(c.entry()),
+            Value::Cell(c) => {
+                let (_, state) = c.load();
+                let expires_at = algorithm
+                    .and_then(|a| expiry(&state, a))
+                    .unwrap_or(Timestamp::MAX);
+                Held::Copied(Entry { state, expires_at })
+            }
             Value::Boxed(e) => Held::Ref(e),
+        }
+    }
+
+    /// When the state is back at rest (a cell's from `algorithm`, the slot's policy).
+    #[inline]
+    fn expires_at(&self, algorithm: Option<&Algorithm>) -> Timestamp {
+        match self {
+            Value::Cell(c) => algorithm
+                .and_then(|a| expiry(&c.load().1, a))
+                .unwrap_or(Timestamp::MAX),
+            Value::Boxed(e) => e.expires_at,
         }
     }
 
@@ -238,6 +245,12 @@ impl std::ops::Deref for Held<'_> {
             Held::Copied(e) => e,
         }
     }
+}
+
+/// The algorithm of policy index `policy` (`None` for the shared sketch's keys).
+#[inline]
+fn algorithm_of(policies: &[Policy], policy: u8) -> Option<&Algorithm> {
+    policies.get(usize::from(policy)).map(|p| &p.algorithm)
 }
 
 /// A key, its hash (kept for rehashing when the table grows), its state and which sketch
@@ -366,15 +379,20 @@ impl Shard {
 
     #[inline]
     pub(crate) fn get(&self, hash: u64, key: &str) -> Option<Held<'_>> {
-        self.map.find(hash, |s| &*s.key == key).map(|s| s.value.held())
+        let policies = &self.policies;
+        self.map
+            .find(hash, |s| &*s.key == key)
+            .map(|s| s.value.held(algorithm_of(policies, s.policy)))
     }
 
-    /// The cell of `key`, if the key is held in one (the read path of a check).
+    /// The cell of `key` and the algorithm its state was written under, if the key is held
+    /// in a cell (the read path of a check).
     #[inline]
-    pub(crate) fn cell(&self, hash: u64, key: &str) -> Option<&Cell> {
-        match self.map.find(hash, |s| &*s.key == key).map(|s| &s.value) {
-            Some(Value::Cell(c)) => Some(c),
-            _ => None,
+    pub(crate) fn cell(&self, hash: u64, key: &str) -> Option<(&Cell, &Algorithm)> {
+        let slot = self.map.find(hash, |s| &*s.key == key)?;
+        match &slot.value {
+            Value::Cell(c) => Some((c, algorithm_of(&self.policies, slot.policy)?)),
+            Value::Boxed(_) => None,
         }
     }
 
@@ -449,12 +467,12 @@ impl Shard {
         entry: Entry,
         algorithm: &Algorithm,
     ) -> bool {
-        let Some(entry) = self.replace_held(hash, key, entry) else {
+        let policy = self.policy_index(algorithm);
+        let Some(entry) = self.replace_held(hash, key, entry, Some(policy)) else {
             return false;
         };
-        let value = Value::of(entry);
+        let value = Value::of(entry, algorithm_of(&self.policies, policy));
         let added = value.heap();
-        let policy = self.policy_index(algorithm);
         let table_before = self.table_bytes();
         self.map.insert_unique(
             hash,
@@ -473,30 +491,48 @@ impl Shard {
 
     /// Replaces the entry of a key held; whether it was.
     pub(crate) fn replace(&mut self, hash: u64, key: &str, entry: Entry) -> bool {
-        self.replace_held(hash, key, entry).is_none()
+        self.replace_held(hash, key, entry, None).is_none()
     }
 
-    /// Replaces the entry of a key held; gives `entry` back if the key is not held.
-    fn replace_held(&mut self, hash: u64, key: &str, entry: Entry) -> Option<Entry> {
-        let Some(s) = self.map.find_mut(hash, |s| &*s.key == key) else {
+    /// Replaces the entry of a key held, written under policy index `policy` (`None`: the
+    /// slot's own); gives `entry` back if the key is not held.
+    fn replace_held(
+        &mut self,
+        hash: u64,
+        key: &str,
+        entry: Entry,
+        policy: Option<u8>,
+    ) -> Option<Entry> {
+        let Shard {
+            map,
+            policies,
+            bytes,
+            ..
+        } = self;
+        let Some(s) = map.find_mut(hash, |s| &*s.key == key) else {
             return Some(entry);
         };
+        if let Some(p) = policy {
+            s.policy = p;
+        }
+        let algorithm = algorithm_of(policies, s.policy);
         // In place when the shape stays (no allocation); else a new value.
+        let fits = || algorithm.and_then(|a| expiry(&entry.state, a));
         match (&mut s.value, CellKind::encode(&entry.state)) {
-            (Value::Cell(c), Some((kind, bits))) if c.kind == kind => {
+            (Value::Cell(c), Some((kind, bits))) if c.kind == kind && fits().is_some() => {
+                debug_assert_eq!(fits(), Some(entry.expires_at), "{:?}", entry.state);
                 *c.bits.get_mut() = bits;
-                *c.expires.get_mut() = entry.expires_at;
             }
             (Value::Boxed(b), None) => {
                 let removed = state_heap(&b.state);
                 let added = state_heap(&entry.state);
                 **b = entry;
-                self.bytes = self.bytes + added - removed;
+                *bytes = *bytes + added - removed;
             }
             (value, _) => {
                 let removed = value.heap();
-                *value = Value::of(entry);
-                self.bytes = self.bytes + value.heap() - removed;
+                *value = Value::of(entry, algorithm);
+                *bytes = *bytes + value.heap() - removed;
             }
         }
         None
@@ -505,9 +541,14 @@ impl Shard {
     /// Drops the entries back at rest by `now`; how many.
     pub(crate) fn sweep(&mut self, now: Timestamp) -> usize {
         let before = self.map.len();
-        let bytes = &mut self.bytes;
-        self.map.retain(|s| {
-            let keep = s.value.expires_at() > now;
+        let Shard {
+            map,
+            bytes,
+            policies,
+            ..
+        } = self;
+        map.retain(|s| {
+            let keep = s.value.expires_at(algorithm_of(policies, s.policy)) > now;
             if !keep {
                 *bytes -= alloc_bytes(s.key.len()) + s.value.heap();
             }
@@ -519,7 +560,12 @@ impl Shard {
 
     /// When each held entry is back at rest, appended to `out`.
     pub(crate) fn expiries(&self, out: &mut Vec<Timestamp>) {
-        out.extend(self.map.iter().map(|s| s.value.expires_at()));
+        let policies = &self.policies;
+        out.extend(
+            self.map
+                .iter()
+                .map(|s| s.value.expires_at(algorithm_of(policies, s.policy))),
+        );
     }
 
     /// Evicts up to `*budget` entries back at rest by `cutoff` (strictly before it when
@@ -543,7 +589,7 @@ impl Shard {
             ..
         } = self;
         map.retain(|s| {
-            let e = s.value.held();
+            let e = s.value.held(algorithm_of(policies, s.policy));
             let due = if strictly_before {
                 e.expires_at < cutoff
             } else {
@@ -581,6 +627,39 @@ impl Shard {
             let before = self.table_bytes();
             self.map.shrink_to(2 * len, |s| s.hash);
             self.bytes = self.bytes + self.table_bytes() - before;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slot_fits_one_cache_line() {
+        assert!(std::mem::size_of::<Slot>() <= 64, "{}", std::mem::size_of::<Slot>());
+    }
+
+    #[test]
+    fn every_two_field_state_round_trips_through_its_cell() {
+        let states = [
+            State::Gcra(gcra::State { tat: u64::MAX - 1 }),
+            State::TokenBucket(token_bucket::State {
+                tokens: u64::MAX,
+                last_ms: 1_700_000_000_000,
+            }),
+            State::LeakyBucket(leaky_bucket::State {
+                level: 3,
+                last_ms: u64::MAX,
+            }),
+            State::FixedWindow(fixed_window::State {
+                window_start: 1_700_000_000_000,
+                count: 0,
+            }),
+        ];
+        for state in states {
+            let (kind, bits) = CellKind::encode(&state).unwrap();
+            assert_eq!(kind.decode(bits), state);
         }
     }
 }

@@ -9,7 +9,7 @@
 //! can make a key stricter than exact, never looser.
 //!
 //! # The sketch
-//! [`ROWS`] rows of cells; a key hashes to one cell per row (the store's keyed SipHash of the
+//! [`ROWS`] rows of cells; a key hashes to one cell per row (the store's keyed hash of the
 //! key, so clients cannot aim at a cell). A cell keeps the *maximum* `amount` and the maximum
 //! `until` of every trace written to it, and forgets them once `until` has passed (every trace
 //! in it has then reached rest). The bound for a key is the minimum over its cells: every one of
