@@ -359,6 +359,30 @@ impl MemoryStore {
         if written_under != item.algorithm {
             return None;
         }
+        // GCRA, the common case, straight on its 64-bit word: the same function the general
+        // dispatch below calls, without building and dropping a `State` around it.
+        if let (Some(word), Algorithm::Gcra { rate, burst }) = (cell.gcra_word(), item.algorithm) {
+            loop {
+                let tat = word.load(Ordering::Acquire);
+                let seen = algorithm::gcra::State { tat };
+                let outcome = algorithm::gcra::decide(Some(&seen), *rate, *burst, now, item.cost);
+                match outcome.update {
+                    Update::Keep => return (tat > now).then_some(outcome.decision),
+                    Update::Put { state, .. } => {
+                        match word.compare_exchange_weak(
+                            tat,
+                            state.tat,
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        ) {
+                            Ok(_) => return Some(outcome.decision),
+                            Err(_) => continue,
+                        }
+                    }
+                    Update::Delete => return None,
+                }
+            }
+        }
         loop {
             let (seen, state) = cell.load();
             let outcome = algorithm::decide(item.algorithm, Some(&state), now, item.cost, None);

@@ -15,7 +15,7 @@
 //! at least), and the sketches.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use hashbrown::HashTable;
 use portable_atomic::AtomicU128;
@@ -39,14 +39,15 @@ pub(crate) struct Entry {
 
 /// Which state a [`Cell`] holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum CellKind {
+pub(crate) enum CellKind {
     Gcra,
     TokenBucket,
     LeakyBucket,
     FixedWindow,
 }
 
-/// A state of at most two 64-bit fields in one atomic word.
+/// A state of at most two 64-bit fields in one atomic word: 64 bits for GCRA's one field,
+/// 128 for the others.
 ///
 /// The word is all there is: when the state is back at rest follows from it and the slot's
 /// algorithm ([`expiry`]), so a check on the read path changes one word with one
@@ -54,9 +55,9 @@ enum CellKind {
 /// was written under (the write path updates it; the read path only serves checks of exactly
 /// that algorithm).
 #[derive(Debug)]
-pub(crate) struct Cell {
-    kind: CellKind,
-    bits: AtomicU128,
+pub(crate) enum Cell {
+    Gcra(AtomicU64),
+    Pair(CellKind, AtomicU128),
 }
 
 /// Two fields in one word: `hi` in the upper 64 bits.
@@ -147,27 +148,68 @@ pub(crate) enum Swap {
 }
 
 impl Cell {
+    fn new(kind: CellKind, bits: u128) -> Self {
+        match kind {
+            CellKind::Gcra => Cell::Gcra(AtomicU64::new(bits as u64)),
+            kind => Cell::Pair(kind, AtomicU128::new(bits)),
+        }
+    }
+
+    fn kind(&self) -> CellKind {
+        match self {
+            Cell::Gcra(_) => CellKind::Gcra,
+            Cell::Pair(kind, _) => *kind,
+        }
+    }
+
     /// The word and the state it holds.
     #[inline]
     pub(crate) fn load(&self) -> (u128, State) {
-        let bits = self.bits.load(Ordering::Acquire);
-        (bits, self.kind.decode(bits))
+        let bits = match self {
+            Cell::Gcra(w) => u128::from(w.load(Ordering::Acquire)),
+            Cell::Pair(_, w) => w.load(Ordering::Acquire),
+        };
+        (bits, self.kind().decode(bits))
     }
 
     /// Replaces the word `seen` with `state` unless another thread changed it since.
     #[inline]
     pub(crate) fn swap(&self, seen: u128, state: &State) -> Swap {
         match CellKind::encode(state) {
-            Some((kind, bits)) if kind == self.kind => match self.bits.compare_exchange_weak(
-                seen,
-                bits,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            ) {
-                Ok(_) => Swap::Done,
-                Err(_) => Swap::Raced,
-            },
+            Some((kind, bits)) if kind == self.kind() => {
+                let swapped = match self {
+                    Cell::Gcra(w) => w
+                        .compare_exchange_weak(
+                            seen as u64,
+                            bits as u64,
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        )
+                        .is_ok(),
+                    Cell::Pair(_, w) => w
+                        .compare_exchange_weak(seen, bits, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok(),
+                };
+                if swapped { Swap::Done } else { Swap::Raced }
+            }
             _ => Swap::Unfit,
+        }
+    }
+
+    /// GCRA's theoretical arrival time, for a cell of GCRA.
+    #[inline]
+    pub(crate) fn gcra_word(&self) -> Option<&AtomicU64> {
+        match self {
+            Cell::Gcra(w) => Some(w),
+            Cell::Pair(..) => None,
+        }
+    }
+
+    /// Overwrites the word (under the write lock).
+    fn set(&mut self, bits: u128) {
+        match self {
+            Cell::Gcra(w) => *w.get_mut() = bits as u64,
+            Cell::Pair(_, w) => *w.get_mut() = bits,
         }
     }
 }
@@ -187,10 +229,7 @@ impl Value {
         match (CellKind::encode(&entry.state), derived) {
             (Some((kind, bits)), Some(at)) => {
                 debug_assert_eq!(at, entry.expires_at, "{:?} under {algorithm:?}", entry.state);
-                Value::Cell(Cell {
-                    kind,
-                    bits: AtomicU128::new(bits),
-                })
+                Value::Cell(Cell::new(kind, bits))
             }
             _ => Value::Boxed(Box::new(entry)),
         }
@@ -519,9 +558,9 @@ impl Shard {
         // In place when the shape stays (no allocation); else a new value.
         let fits = || algorithm.and_then(|a| expiry(&entry.state, a));
         match (&mut s.value, CellKind::encode(&entry.state)) {
-            (Value::Cell(c), Some((kind, bits))) if c.kind == kind && fits().is_some() => {
+            (Value::Cell(c), Some((kind, bits))) if c.kind() == kind && fits().is_some() => {
                 debug_assert_eq!(fits(), Some(entry.expires_at), "{:?}", entry.state);
-                *c.bits.get_mut() = bits;
+                c.set(bits);
             }
             (Value::Boxed(b), None) => {
                 let removed = state_heap(&b.state);

@@ -21,7 +21,12 @@ pub struct State {
 
 /// The emission interval `T` in µs: one request is "earned" every `T` µs (never below 1).
 pub fn emission_interval_us(rate: Rate) -> u64 {
-    ((rate.per_ms as u128 * 1000) / rate.amount.max(1) as u128).max(1) as u64
+    let amount = rate.amount.max(1);
+    // The same quotient in u64 when the product fits (a 128-bit division is a library call).
+    match rate.per_ms.checked_mul(1000) {
+        Some(us) => (us / amount).max(1),
+        None => ((rate.per_ms as u128 * 1000) / amount as u128).max(1) as u64,
+    }
 }
 
 /// Decides one request (see `docs/algorithms.md`, "GCRA").
