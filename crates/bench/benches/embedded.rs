@@ -6,7 +6,9 @@
 //! - `keys100k/<threads>t/<path>/<impl>`: 100 000 pre-built keys visited in a scrambled order.
 //!
 //! `<impl>`: `sluice_gcra` and `sluice_tb` are `MemoryStore::check_now` on a prepared key (what
-//! the store costs; the facade adds key building, see `facade/*`), `governor_gcra` is
+//! `Store::check` costs: the decision and its one-element result `Vec`; the facade adds key
+//! building, see `facade/*`), `*_check_one` the store's one-limit check without the `Vec`
+//! (`MemoryStore::check_one`), `governor_gcra` is
 //! governor's keyed limiter (`DefaultKeyedRateLimiter<String>`, DashMap + quanta clock).
 //! With 2 threads each thread makes `iters` decisions and the row is the wall time divided by
 //! `iters`: the per-thread cost when two cores decide at once.
@@ -206,6 +208,10 @@ fn stores(c: &mut Criterion) {
                     (
                         "sluice_gcra_check_one",
                         Arc::new(SluiceOne(sluice("gcra", path, nkeys))),
+                    ),
+                    (
+                        "sluice_tb_check_one",
+                        Arc::new(SluiceOne(sluice("tb", path, nkeys))),
                     ),
                 ];
                 for (name, d) in &impls {

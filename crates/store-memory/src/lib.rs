@@ -40,7 +40,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
-use parking_lot::{Mutex, RwLock, RwLockWriteGuard};
+use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
+use parking_lot::Mutex;
 use sluice_core::algorithm::{self, State, Update};
 use sluice_core::{
     Algorithm, CheckItem, Clock, Decision, DenyReason, LeaseId, MultiDecision, Store, StoreError,
@@ -85,16 +86,24 @@ impl Clock for FastClock {
     }
 }
 
-/// A shard's lock on a cache line of its own, so checks of keys in neighbouring shards on
-/// two cores do not contend for one line.
+/// A shard's lock: a reader-writer lock split by thread (crossbeam's `ShardedLock`), so
+/// checks on several cores read-lock different cache lines, even for one hot key: only the
+/// key's own cell is shared between them. Writers lock every part; they are the rarer path
+/// (a key's first check, multi-limit checks, eviction). A poisoned lock (a panic while it
+/// was held) is used as is, as the non-poisoning lock before it was: a store that refused
+/// every later check of 1/64 of its keys would be worse than the state one panic left.
 #[derive(Debug)]
-#[repr(align(128))]
-struct ShardLock(RwLock<Shard>);
+struct ShardLock(ShardedLock<Shard>);
 
-impl std::ops::Deref for ShardLock {
-    type Target = RwLock<Shard>;
-    fn deref(&self) -> &RwLock<Shard> {
-        &self.0
+impl ShardLock {
+    #[inline]
+    fn read(&self) -> ShardedLockReadGuard<'_, Shard> {
+        self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    #[inline]
+    fn write(&self) -> ShardedLockWriteGuard<'_, Shard> {
+        self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -187,7 +196,7 @@ impl MemoryStoreBuilder {
         let width = (self.summary_width / self.shards).max(16);
         MemoryStore {
             shards: (0..self.shards)
-                .map(|_| ShardLock(RwLock::new(Shard::new(width))))
+                .map(|_| ShardLock(ShardedLock::new(Shard::new(width))))
                 .collect(),
             hasher: ahash::RandomState::new(),
             clock: self.clock,
@@ -301,13 +310,19 @@ impl MemoryStore {
                 .unwrap_or_else(|| Decision::allow(0, 0, 0));
         }
         let now = self.clock.now();
-        let key = item.key;
-        let hash = self.hash(key);
+        let hash = self.hash(item.key);
         let lock = &self.shards[self.shard_index(hash)];
         if let Some(decision) = Self::check_in_cell(&lock.read(), hash, item, now) {
             return decision;
         }
-        let mut shard = lock.write();
+        self.check_one_locked(item, hash, now)
+    }
+
+    /// The write path of [`MemoryStore::check_one`], out of line so the read path stays small.
+    #[inline(never)]
+    fn check_one_locked(&self, item: &CheckItem<'_>, hash: u64, now: Timestamp) -> Decision {
+        let key = item.key;
+        let mut shard = self.shards[self.shard_index(hash)].write();
         let found = shard.lookup(hash, key, now, item.algorithm, &self.evicted_lease);
         let stale = matches!(found, Lookup::Stale);
         let summarized = matches!(found, Lookup::Summarized(_));
@@ -383,6 +398,37 @@ impl MemoryStore {
                 }
             }
         }
+        if let (Some(word), Algorithm::TokenBucket { capacity, rate }) =
+            (cell.token_bucket_word(), item.algorithm)
+        {
+            use algorithm::token_bucket;
+            loop {
+                let seen = word.load(Ordering::Acquire);
+                let (tokens, last_ms) = shard::unpack(seen);
+                let state = token_bucket::State { tokens, last_ms };
+                let outcome = token_bucket::decide(Some(&state), *capacity, *rate, now, item.cost);
+                match outcome.update {
+                    Update::Keep => {
+                        let state = State::TokenBucket(state);
+                        let live = shard::expiry(&state, item.algorithm).is_some_and(|at| at > now);
+                        return live.then_some(outcome.decision);
+                    }
+                    Update::Put { state, .. } => {
+                        let bits = shard::pack(state.tokens, state.last_ms);
+                        match word.compare_exchange_weak(
+                            seen,
+                            bits,
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        ) {
+                            Ok(_) => return Some(outcome.decision),
+                            Err(_) => continue,
+                        }
+                    }
+                    Update::Delete => return None,
+                }
+            }
+        }
         loop {
             let (seen, state) = cell.load();
             let outcome = algorithm::decide(item.algorithm, Some(&state), now, item.cost, None);
@@ -428,7 +474,7 @@ impl MemoryStore {
         let mut order = idx.clone();
         order.sort_unstable();
         order.dedup();
-        let mut guards: Vec<(usize, RwLockWriteGuard<'_, Shard>)> =
+        let mut guards: Vec<(usize, ShardedLockWriteGuard<'_, Shard>)> =
             order.iter().map(|&s| (s, self.shards[s].write())).collect();
         let slot = |s: usize| order.binary_search(&s).unwrap_or(0);
         for s in &mut idx {
@@ -538,7 +584,7 @@ impl MemoryStore {
 
     /// Counts a check against each locked shard and sweeps those that have seen as many checks
     /// as they hold entries (at least 64), so sweeping costs O(1) per check amortised.
-    fn sweep_some(&self, guards: &mut [(usize, RwLockWriteGuard<'_, Shard>)], now: Timestamp) -> usize {
+    fn sweep_some(&self, guards: &mut [(usize, ShardedLockWriteGuard<'_, Shard>)], now: Timestamp) -> usize {
         let mut removed = 0;
         for (_, shard) in guards.iter_mut() {
             shard.ops_since_sweep += 1;
