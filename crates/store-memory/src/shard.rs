@@ -19,7 +19,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use hashbrown::HashTable;
 use portable_atomic::AtomicU128;
-use sluice_core::algorithm::{State, fixed_window, gcra, leaky_bucket, token_bucket};
+use sluice_core::algorithm::{
+    State, fixed_window, gcra, leaky_bucket, sliding_window_counter, token_bucket,
+};
 use sluice_core::{Algorithm, LeaseId, Timestamp};
 
 use crate::summary::{self, Sketch};
@@ -44,10 +46,15 @@ pub(crate) enum CellKind {
     TokenBucket,
     LeakyBucket,
     FixedWindow,
+    /// Three fields in 48 + 40 + 40 bits, when they fit (else the state is boxed).
+    SlidingWindowCounter,
 }
 
-/// A state of at most two 64-bit fields in one atomic word: 64 bits for GCRA's one field,
-/// 128 for the others.
+/// Bits of a sliding window counter's window start (ms) and of each of its two counts.
+const SWC_START_BITS: u32 = 48;
+const SWC_COUNT_BITS: u32 = 40;
+
+/// A small state in one atomic word: 64 bits for GCRA's one field, 128 for the others.
 ///
 /// The word is all there is: when the state is back at rest follows from it and the slot's
 /// algorithm ([`expiry`]), so a check on the read path changes one word with one
@@ -91,6 +98,11 @@ pub(crate) fn expiry(state: &State, algorithm: &Algorithm) -> Option<Timestamp> 
             let (_, end) = fixed_window::epoch_bounds((*window_ms).max(1), s.window_start);
             Some(end.saturating_mul(1000))
         }
+        (State::SlidingWindowCounter(s), Algorithm::SlidingWindowCounter { window_ms, .. }) => Some(
+            s.window_start
+                .saturating_add(window_ms.saturating_mul(2))
+                .saturating_mul(1000),
+        ),
         _ => None,
     }
 }
@@ -111,6 +123,22 @@ impl CellKind {
                 window_start,
                 count,
             }) => (CellKind::FixedWindow, pack(window_start, count)),
+            State::SlidingWindowCounter(sliding_window_counter::State {
+                window_start,
+                curr,
+                prev,
+            }) => {
+                let fits = window_start >> SWC_START_BITS == 0
+                    && curr >> SWC_COUNT_BITS == 0
+                    && prev >> SWC_COUNT_BITS == 0;
+                if !fits {
+                    return None;
+                }
+                let bits = (u128::from(window_start) << (2 * SWC_COUNT_BITS))
+                    | (u128::from(curr) << SWC_COUNT_BITS)
+                    | u128::from(prev);
+                (CellKind::SlidingWindowCounter, bits)
+            }
             _ => return None,
         })
     }
@@ -132,6 +160,14 @@ impl CellKind {
                 window_start: hi,
                 count: lo,
             }),
+            CellKind::SlidingWindowCounter => {
+                let mask = (1u128 << SWC_COUNT_BITS) - 1;
+                State::SlidingWindowCounter(sliding_window_counter::State {
+                    window_start: (bits >> (2 * SWC_COUNT_BITS)) as u64,
+                    curr: ((bits >> SWC_COUNT_BITS) & mask) as u64,
+                    prev: (bits & mask) as u64,
+                })
+            }
         }
     }
 }
@@ -706,10 +742,22 @@ mod tests {
                 window_start: 1_700_000_000_000,
                 count: 0,
             }),
+            State::SlidingWindowCounter(sliding_window_counter::State {
+                window_start: (1 << 48) - 1,
+                curr: (1 << 40) - 1,
+                prev: 12,
+            }),
         ];
         for state in states {
             let (kind, bits) = CellKind::encode(&state).unwrap();
             assert_eq!(kind.decode(bits), state);
         }
+        // Counts beyond 40 bits are boxed, not truncated.
+        let big = State::SlidingWindowCounter(sliding_window_counter::State {
+            window_start: 1_700_000_000_000,
+            curr: 1 << 40,
+            prev: 0,
+        });
+        assert!(CellKind::encode(&big).is_none());
     }
 }

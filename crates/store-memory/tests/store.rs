@@ -236,7 +236,8 @@ fn the_same_key_twice_in_one_check_counts_twice() {
 }
 
 /// The read path's compare-and-swap under contention: the key is held (in its cell) before
-/// 8 threads race 16,000 attempts of cost 1 or 2 at a limit of 5,000 units; exactly as many
+/// 8 threads race 16,000 attempts of cost 1 or 2 at a limit of 5,000 units (every algorithm
+/// kept in a cell); exactly as many
 /// units are admitted as the limit holds, never one more, and no attempt is lost to a race.
 #[test]
 fn racing_swaps_on_a_held_key_admit_exactly_the_limit() {
@@ -257,6 +258,10 @@ fn racing_swaps_on_a_held_key_admit_exactly_the_limit() {
             capacity: 5_000,
             rate: Rate::per_second(1),
             mode: LeakyMode::Policing,
+        },
+        Algorithm::SlidingWindowCounter {
+            limit: 5_000,
+            window_ms: 60_000,
         },
     ] {
         let clock = ManualClock::new(T0);
