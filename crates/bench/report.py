@@ -33,18 +33,20 @@ def embedded():
     for m in re.finditer(r"^(\S+)\s+time:\s+\[(\S+) (\S+) (\S+) (\S+) (\S+) (\S+)\]", text, re.M):
         rows[m.group(1)] = ns(m.group(4), m.group(5))
     print("### Embedded store vs governor (ns per decision, criterion median)\n")
-    print("| scenario | governor GCRA | sluice GCRA | sluice token bucket | sluice GCRA `check_one` | GCRA ratio (governor / sluice; target >= 1) | TB ratio |")
-    print("|---|---|---|---|---|---|---|")
+    print("Ratios are governor's time / sluice's (>= 1: sluice at least as fast). `check_one` is the store's")
+    print("one-limit check; `check_now` (what `Store::check` returns) adds the one-element result `Vec`.\n")
+    print("| scenario | governor GCRA | sluice GCRA `check_one` | sluice TB `check_one` | sluice GCRA `check_now` | sluice TB `check_now` | GCRA `check_one` ratio (target >= 1) | TB `check_one` ratio | GCRA `check_now` ratio | TB `check_now` ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for group in ["hot", "keys100k"]:
         for t in ["1t", "2t"]:
             for path_ in ["allowed", "denied"]:
                 p = f"{group}/{t}/{path_}/"
-                g, sg, st, so = (rows.get(p + k) for k in ["governor_gcra", "sluice_gcra", "sluice_tb", "sluice_gcra_check_one"])
+                g, go, to, sg, st = (rows.get(p + k) for k in ["governor_gcra", "sluice_gcra_check_one", "sluice_tb_check_one", "sluice_gcra", "sluice_tb"])
                 if g is None:
                     continue
                 f = lambda x: f"{x:.0f}" if x else "-"
-                r = lambda x: f"{g / x:.2f}x" if x else "-"
-                print(f"| {group} {t} {path_} | {f(g)} | {f(sg)} | {f(st)} | {f(so)} | {r(sg)} | {r(st)} |")
+                r = lambda x: f"**{g / x:.2f}x**" if x else "-"
+                print(f"| {group} {t} {path_} | {f(g)} | {f(go)} | {f(to)} | {f(sg)} | {f(st)} | {r(go)} | {r(to)} | {r(sg)} | {r(st)} |")
     print()
     other = {k: v for k, v in rows.items() if k.startswith(("algorithm/", "facade/"))}
     if other:

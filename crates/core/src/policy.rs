@@ -502,9 +502,19 @@ mod tests {
             let (a, b) = (next() % 1_000_000_007, next() >> (next() % 64));
             assert_eq!(super::gcd(a, b), euclid(a, b), "{a} {b}");
             let k = next() % 5000 + 1;
-            assert_eq!(super::gcd(a % 10_000 * k, b % 10_000 * k), euclid(a % 10_000 * k, b % 10_000 * k));
+            assert_eq!(
+                super::gcd(a % 10_000 * k, b % 10_000 * k),
+                euclid(a % 10_000 * k, b % 10_000 * k)
+            );
         }
-        for (a, b) in [(0, 0), (0, 7), (7, 0), (1, 1000), (5, 1000), (u64::MAX, u64::MAX - 1)] {
+        for (a, b) in [
+            (0, 0),
+            (0, 7),
+            (7, 0),
+            (1, 1000),
+            (5, 1000),
+            (u64::MAX, u64::MAX - 1),
+        ] {
             assert_eq!(super::gcd(a, b), euclid(a, b), "{a} {b}");
         }
     }

@@ -98,12 +98,16 @@ struct ShardLock(ShardedLock<Shard>);
 impl ShardLock {
     #[inline]
     fn read(&self) -> ShardedLockReadGuard<'_, Shard> {
-        self.0.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.0
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     #[inline]
     fn write(&self) -> ShardedLockWriteGuard<'_, Shard> {
-        self.0.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.0
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -584,7 +588,11 @@ impl MemoryStore {
 
     /// Counts a check against each locked shard and sweeps those that have seen as many checks
     /// as they hold entries (at least 64), so sweeping costs O(1) per check amortised.
-    fn sweep_some(&self, guards: &mut [(usize, ShardedLockWriteGuard<'_, Shard>)], now: Timestamp) -> usize {
+    fn sweep_some(
+        &self,
+        guards: &mut [(usize, ShardedLockWriteGuard<'_, Shard>)],
+        now: Timestamp,
+    ) -> usize {
         let mut removed = 0;
         for (_, shard) in guards.iter_mut() {
             shard.ops_since_sweep += 1;

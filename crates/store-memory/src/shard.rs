@@ -89,20 +89,26 @@ pub(crate) fn expiry(state: &State, algorithm: &Algorithm) -> Option<Timestamp> 
         (State::TokenBucket(s), Algorithm::TokenBucket { capacity, rate }) => {
             let r = rate.reduced();
             let full = capacity.saturating_mul(r.per_ms);
-            Some(ms(s.last_ms, full.saturating_sub(s.tokens).div_ceil(r.amount.max(1))))
+            Some(ms(
+                s.last_ms,
+                full.saturating_sub(s.tokens).div_ceil(r.amount.max(1)),
+            ))
         }
-        (State::LeakyBucket(s), Algorithm::LeakyBucket { rate, .. }) => {
-            Some(ms(s.last_ms, s.level.div_ceil(rate.reduced().amount.max(1))))
-        }
+        (State::LeakyBucket(s), Algorithm::LeakyBucket { rate, .. }) => Some(ms(
+            s.last_ms,
+            s.level.div_ceil(rate.reduced().amount.max(1)),
+        )),
         (State::FixedWindow(s), Algorithm::FixedWindow { window_ms, .. }) => {
             let (_, end) = fixed_window::epoch_bounds((*window_ms).max(1), s.window_start);
             Some(end.saturating_mul(1000))
         }
-        (State::SlidingWindowCounter(s), Algorithm::SlidingWindowCounter { window_ms, .. }) => Some(
-            s.window_start
-                .saturating_add(window_ms.saturating_mul(2))
-                .saturating_mul(1000),
-        ),
+        (State::SlidingWindowCounter(s), Algorithm::SlidingWindowCounter { window_ms, .. }) => {
+            Some(
+                s.window_start
+                    .saturating_add(window_ms.saturating_mul(2))
+                    .saturating_mul(1000),
+            )
+        }
         _ => None,
     }
 }
@@ -273,7 +279,11 @@ impl Value {
         let derived = algorithm.and_then(|a| expiry(&entry.state, a));
         match (CellKind::encode(&entry.state), derived) {
             (Some((kind, bits)), Some(at)) => {
-                debug_assert_eq!(at, entry.expires_at, "{:?} under {algorithm:?}", entry.state);
+                debug_assert_eq!(
+                    at, entry.expires_at,
+                    "{:?} under {algorithm:?}",
+                    entry.state
+                );
                 Value::Cell(Cell::new(kind, bits))
             }
             _ => Value::Boxed(Box::new(entry)),

@@ -288,7 +288,10 @@ fn racing_swaps_on_a_held_key_admit_exactly_the_limit() {
         }
         let admitted = units.load(Ordering::Relaxed);
         // Costs of 2 may leave one unit unspent at the end, never more.
-        assert!((4_999..=5_000).contains(&admitted), "{algorithm:?}: {admitted}");
+        assert!(
+            (4_999..=5_000).contains(&admitted),
+            "{algorithm:?}: {admitted}"
+        );
         let left = one(&store, key, &algorithm, 0).remaining;
         assert_eq!(admitted + left, 5_000, "{algorithm:?}");
     }
