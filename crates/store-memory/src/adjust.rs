@@ -14,7 +14,7 @@ use crate::shard::{Entry, Lookup};
 impl MemoryStore {
     /// Deletes `key`'s state; whether it held a live one.
     pub fn reset_now(&self, key: &str) -> bool {
-        let now = self.clock.now();
+        let now = self.now();
         let hash = self.hash(key);
         let mut shard = self.shards[self.shard_index(hash)].write();
         let live = shard.get(hash, key).is_some_and(|e| e.expires_at > now);
@@ -36,7 +36,7 @@ impl MemoryStore {
         algorithm: &Algorithm,
         adjustment: Adjustment,
     ) -> Result<Decision, AdjustError> {
-        let now = self.clock.now();
+        let now = self.now();
         let hash = self.hash(key);
         let mut shard = self.shards[self.shard_index(hash)].write();
         let found = shard.lookup(hash, key, now, algorithm, &self.evicted_lease);

@@ -58,16 +58,26 @@ use shard::{Entry, Lookup, Shard};
 #[derive(Debug, Clone)]
 pub struct FastClock {
     base_us: Timestamp,
-    start: quanta::Instant,
+    clock: quanta::Clock,
+    start_raw: u64,
 }
 
 impl FastClock {
     /// A clock anchored at the wall clock now.
     pub fn new() -> Self {
+        let clock = quanta::Clock::new();
         Self {
             base_us: SystemClock.now(),
-            start: quanta::Instant::now(),
+            start_raw: clock.raw(),
+            clock,
         }
+    }
+
+    /// Now, in µs since the epoch: the raw counter scaled to ns since creation (no
+    /// `Duration` on the way).
+    #[inline]
+    pub fn now_us(&self) -> Timestamp {
+        self.base_us + self.clock.delta_as_nanos(self.start_raw, self.clock.raw()) / 1000
     }
 }
 
@@ -79,10 +89,7 @@ impl Default for FastClock {
 
 impl Clock for FastClock {
     fn now(&self) -> Timestamp {
-        self.base_us
-            + quanta::Instant::now()
-                .saturating_duration_since(self.start)
-                .as_micros() as u64
+        self.now_us()
     }
 }
 
@@ -135,6 +142,8 @@ pub struct MemoryStore {
     /// onto one shard or one probe chain.
     hasher: ahash::RandomState,
     clock: Arc<dyn Clock>,
+    /// The default clock, read directly (inlined) instead of through `clock`.
+    fast: Option<FastClock>,
     max_keys: Option<usize>,
     max_memory: Option<usize>,
     /// Keys held over all shards; updated under the shard locks.
@@ -154,6 +163,7 @@ pub struct MemoryStore {
 #[derive(Debug)]
 pub struct MemoryStoreBuilder {
     clock: Arc<dyn Clock>,
+    fast: Option<FastClock>,
     shards: usize,
     max_keys: Option<usize>,
     max_memory: Option<usize>,
@@ -169,6 +179,7 @@ impl MemoryStoreBuilder {
     /// monotonic counter).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self.fast = None;
         self
     }
     /// The number of shards (default 64; at least 1).
@@ -204,6 +215,7 @@ impl MemoryStoreBuilder {
                 .collect(),
             hasher: ahash::RandomState::new(),
             clock: self.clock,
+            fast: self.fast,
             max_keys: self.max_keys,
             max_memory: self.max_memory,
             keys: AtomicUsize::new(0),
@@ -243,8 +255,10 @@ impl MemoryStore {
 
     /// Configure a store.
     pub fn builder() -> MemoryStoreBuilder {
+        let fast = FastClock::new();
         MemoryStoreBuilder {
-            clock: Arc::new(FastClock::new()),
+            clock: Arc::new(fast.clone()),
+            fast: Some(fast),
             shards: DEFAULT_SHARDS,
             max_keys: None,
             max_memory: None,
@@ -276,6 +290,15 @@ impl MemoryStore {
             at_rest: self.evicted_at_rest.load(Ordering::Relaxed),
             informative: self.evicted_informative.load(Ordering::Relaxed),
             summarized_checks: self.summarized_checks.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The store's clock now.
+    #[inline]
+    pub(crate) fn now(&self) -> Timestamp {
+        match &self.fast {
+            Some(fast) => fast.now_us(),
+            None => self.clock.now(),
         }
     }
 
@@ -313,7 +336,7 @@ impl MemoryStore {
                 .pop()
                 .unwrap_or_else(|| Decision::allow(0, 0, 0));
         }
-        let now = self.clock.now();
+        let now = self.now();
         let hash = self.hash(item.key);
         let lock = &self.shards[self.shard_index(hash)];
         if let Some(decision) = Self::check_in_cell(&lock.read(), hash, item, now) {
@@ -466,7 +489,7 @@ impl MemoryStore {
 
     /// The general path: any number of items, all-or-nothing.
     fn check_many_now(&self, items: &[CheckItem<'_>]) -> MultiDecision {
-        let now = self.clock.now();
+        let now = self.now();
         let lease = items
             .iter()
             .any(|i| matches!(i.algorithm, Algorithm::Concurrency { .. }) && i.cost > 0)
@@ -605,7 +628,7 @@ impl MemoryStore {
 
     /// The synchronous core of [`Store::release`].
     pub fn release_now(&self, key: &str, lease: &LeaseId) -> bool {
-        let now = self.clock.now();
+        let now = self.now();
         let hash = self.hash(key);
         let mut shard = self.shards[self.shard_index(hash)].write();
         let Some(state) = shard.get(hash, key).filter(|e| e.expires_at > now) else {

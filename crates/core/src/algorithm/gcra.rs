@@ -54,6 +54,8 @@ pub fn decide(
         // The same quotient in u64 when it fits (it nearly always does): a 128-bit division
         // is a library call several times slower.
         match (u64::try_from(next), u64::try_from(t)) {
+            // Below one interval (every denial of cost 1): no division at all.
+            (Ok(n), Ok(d)) if n < d => 0,
             (Ok(n), Ok(d)) => n / d,
             _ if next > 0 => (next / t) as u64,
             _ => 0,

@@ -167,8 +167,10 @@ pub fn release(state: Option<&State>, now: Timestamp, lease: &LeaseId) -> (bool,
     }
 }
 
-/// `ceil(a / b)` for the algorithms' integer arithmetic.
+/// `ceil(a / b)` for the algorithms' integer arithmetic. A reduced rate of one unit per
+/// period (any amount that divides its period, such as 100/min) divides by 1, which needs no
+/// division instruction.
 #[inline]
 pub(crate) fn div_ceil(a: u64, b: u64) -> u64 {
-    a.div_ceil(b)
+    if b == 1 { a } else { a.div_ceil(b) }
 }
