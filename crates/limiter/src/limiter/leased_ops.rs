@@ -107,6 +107,12 @@ impl Limiter {
                     {
                         planned[i].result.decision = Some(decision);
                         spent.push((i, generation));
+                    } else if let Some(d) = answer.filter(|d| size == cost && !d.allowed) {
+                        // A slice of just this request's cost is the exact check: its
+                        // denial is the answer, and is remembered.
+                        table.denied(&key, cost, sent, d);
+                        planned[i].result.decision = Some(d.clone());
+                        return true;
                     }
                 }
             }
