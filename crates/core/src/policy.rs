@@ -147,7 +147,7 @@ impl FromStr for LeakyMode {
             "policing" => Ok(LeakyMode::Policing),
             "shaping" => Ok(LeakyMode::Shaping),
             other => Err(PolicyError::Parse(format!(
-                "unknown leaky-bucket mode {other:?}: expected policing or shaping"
+                "unknown leaky-bucket mode {other:?}: expected policing or shaping (or the decision mode, exact or leased)"
             ))),
         }
     }

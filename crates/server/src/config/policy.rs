@@ -69,15 +69,23 @@ fn check_policy(
         }
     };
     // Parameters that do not belong to the algorithm are mistakes worth reporting.
-    let spans: [(Param, Option<Range<usize>>); 7] = [
+    let spans: [(Param, Option<Range<usize>>); 6] = [
         (Param::Capacity, r.capacity.as_ref().map(|v| v.span())),
         (Param::Rate, r.rate.as_ref().map(|v| v.span())),
         (Param::Burst, r.burst.as_ref().map(|v| v.span())),
         (Param::Limit, r.limit.as_ref().map(|v| v.span())),
         (Param::Window, r.window.as_ref().map(|v| v.span())),
-        (Param::Mode, leaky_mode.map(|v| v.span())),
         (Param::Lease, r.lease.as_ref().map(|v| v.span())),
     ];
+    if let Some(m) = leaky_mode
+        && !kind.takes(Param::Mode)
+    {
+        ck.at(
+            m.span(),
+            f("mode"),
+            format!("unknown mode {:?}: expected exact or leased", m.get_ref()),
+        );
+    }
     for (param, span) in spans {
         if let Some(span) = span
             && let Err(e) = kind.check_param(param)
