@@ -49,7 +49,7 @@ pub fn max_slice(algorithm: &Algorithm) -> u64 {
 enum Bound {
     /// Token bucket and GCRA: units held may not exceed `room` minus what the store has
     /// refilled at `rate` since the slice was taken (the room under the capacity it left).
-    Refill { room: u64, rate: Rate },
+    Refill { room: u64, rate: Rate, slack_us: u64 },
     /// Fixed and calendar windows: the window ends (estimated early) at this time.
     Window { end: Timestamp },
 }
@@ -117,9 +117,14 @@ impl Slot {
         match self.bound {
             Bound::Window { end } if at >= end => 0,
             Bound::Window { .. } => self.held,
-            Bound::Refill { room, rate } => self.held.min(room.saturating_sub(refilled(
+            Bound::Refill {
+                room,
+                rate,
+                slack_us,
+            } => self.held.min(room.saturating_sub(refilled(
                 rate,
                 at.saturating_sub(self.taken),
+                slack_us,
             ))),
         }
     }
@@ -131,30 +136,41 @@ impl Slot {
         match self.bound {
             Bound::Window { end } if arrives >= end => 0,
             Bound::Window { .. } => self.held,
-            Bound::Refill { room, rate } => self.held.min(room.saturating_sub(refilled(
+            Bound::Refill {
+                room,
+                rate,
+                slack_us,
+            } => self.held.min(room.saturating_sub(refilled(
                 rate,
                 arrives.saturating_sub(self.taken),
+                slack_us,
             ))),
         }
     }
 
-    /// The size of the next slice: the rate seen over the last slice for a whole lifetime, at
-    /// most twice the last size, between 1 and `max`.
+    /// The size of the next slice, between 1 and `max` and at most twice the last one: the
+    /// rate seen over the last slice for a whole lifetime, or twice the last size when the
+    /// last slice lasted less than a tenth of its lifetime (spent, or shrunk away by a bucket
+    /// refilling faster than this instance spends: a key far under its limit).
     fn next_size(&self, now: Timestamp, max: u64) -> u64 {
         if self.size == 0 {
             return 1;
         }
-        let elapsed_us = now.saturating_sub(self.taken).max(1000) as u128;
-        let by_rate = (self.used as u128 * self.ttl_us as u128 / elapsed_us) as u64;
-        by_rate.min(self.size.saturating_mul(2)).clamp(1, max)
+        let elapsed_us = now.saturating_sub(self.taken);
+        let doubled = self.size.saturating_mul(2);
+        if elapsed_us < self.ttl_us / 10 {
+            return doubled.clamp(1, max);
+        }
+        let by_rate = self.used as u128 * self.ttl_us as u128 / elapsed_us.max(1000) as u128;
+        (by_rate as u64).min(doubled).clamp(1, max)
     }
 }
 
-/// Units a bucket refilling at `rate` may have gained in `elapsed_us` (rounded up, plus the
-/// millisecond the store's clock may be ahead by in its whole-ms arithmetic).
-fn refilled(rate: Rate, elapsed_us: u64) -> u64 {
-    let ms = elapsed_us / 1000 + 2;
-    (ms as u128 * rate.amount as u128).div_ceil(rate.per_ms as u128) as u64
+/// Units a bucket refilling at `rate` may have gained in `elapsed_us`, rounded up; `slack_us`
+/// covers a store that counts refill in whole milliseconds (the token bucket).
+fn refilled(rate: Rate, elapsed_us: u64, slack_us: u64) -> u64 {
+    let us = elapsed_us as u128 + slack_us as u128;
+    (us * rate.amount as u128).div_ceil(rate.per_ms as u128 * 1000) as u64
 }
 
 /// What [`LeaseTable::spend`] found.
@@ -363,13 +379,18 @@ impl LeaseTable {
         slot.reset_at = sent + d.reset_after_ms * 1000;
         slot.limit = d.limit;
         slot.bound = match *algorithm {
+            // `remaining` is the level rounded down: the level is below `remaining + 1`.
+            // The token bucket refills by whole milliseconds since its last update, which
+            // may credit up to 1 ms more than the time elapsed; GCRA counts µs.
             Algorithm::TokenBucket { capacity, rate } => Bound::Refill {
                 room: capacity.saturating_sub(d.remaining + 1),
                 rate,
+                slack_us: 1000,
             },
             Algorithm::Gcra { rate, burst } => Bound::Refill {
                 room: (burst + 1).saturating_sub(d.remaining + 1),
                 rate,
+                slack_us: 0,
             },
             // The window ends `reset_after_ms` after the store's now, which is no earlier than
             // `sent`; its whole-ms arithmetic may put the end up to 1 ms before that.
