@@ -437,7 +437,8 @@ impl DecisionMode {
                         "a concurrency lease is held per request and cannot be spent ahead",
                     Algorithm::LeakyBucket { .. } =>
                         "its shaping delay depends on each request's arrival at the store",
-                    _ => "a sliding window weighs each admission by its time, which a slice taken ahead does not keep",
+                    _ =>
+                        "a sliding window weighs each admission by its time, which a slice taken ahead does not keep",
                 }
             ))),
         }

@@ -33,6 +33,8 @@ use sluice_core::{Algorithm, Clock, Decision, DenyReason, Rate, Store, Timestamp
 
 const SHARDS: usize = 64;
 
+type Shard = Mutex<HashMap<Box<str>, Slot>>;
+
 /// The most keys the table holds slices for; beyond, new keys are checked exactly.
 pub(crate) const LEASE_TABLE_CAPACITY: usize = 65_536;
 
@@ -49,7 +51,11 @@ pub fn max_slice(algorithm: &Algorithm) -> u64 {
 enum Bound {
     /// Token bucket and GCRA: units held may not exceed `room` minus what the store has
     /// refilled at `rate` since the slice was taken (the room under the capacity it left).
-    Refill { room: u64, rate: Rate, slack_us: u64 },
+    Refill {
+        room: u64,
+        rate: Rate,
+        slack_us: u64,
+    },
     /// Fixed and calendar windows: the window ends (estimated early) at this time.
     Window { end: Timestamp },
 }
@@ -177,10 +183,7 @@ fn refilled(rate: Rate, elapsed_us: u64, slack_us: u64) -> u64 {
 #[derive(Debug)]
 pub(crate) enum Spend {
     /// Admitted from the slice; `generation` identifies it for [`LeaseTable::give_back`].
-    Admitted {
-        decision: Decision,
-        generation: u64,
-    },
+    Admitted { decision: Decision, generation: u64 },
     /// Denied from a remembered denial.
     Denied(Decision),
     /// No slice to spend: reserve `size` units (at least the cost), then refund `refund`
@@ -202,7 +205,7 @@ pub(crate) struct Refund {
 /// The slices this instance holds, by key, sharded.
 #[derive(Debug)]
 pub(crate) struct LeaseTable {
-    shards: Box<[Mutex<HashMap<Box<str>, Slot>>]>,
+    shards: Box<[Shard]>,
     hasher: std::hash::RandomState,
     per_shard: usize,
     clock: Arc<dyn Clock>,
@@ -252,7 +255,7 @@ impl LeaseTable {
         self.clock.now()
     }
 
-    fn shard(&self, key: &str) -> &Mutex<HashMap<Box<str>, Slot>> {
+    fn shard(&self, key: &str) -> &Shard {
         &self.shards[(self.hasher.hash_one(key) % SHARDS as u64) as usize]
     }
 

@@ -45,14 +45,14 @@ pub use control::{
     OverrideTarget,
 };
 pub use deny_cache::DenyCacheMode;
-pub use leased::LeaseCounters;
 pub use lease_token::{LeaseToken, LeaseTokenError, TokenLease};
+pub use leased::LeaseCounters;
 pub use limiter::{Checked, Lease, LimitResult, Limiter, LimiterBuilder, Verdict};
 pub use local::{InvalidLocalShare, LocalShare};
 pub use observer::{DecisionEvent, DecisionObserver, Outcome};
 pub use sluice_core as core;
 pub use sluice_core::{
-    Algorithm, Decision, DecisionMode, DenyReason, FailureMode, Identity, KeyScheme, LeakyMode, Policy, Rate,
-    Store, StoreError,
+    Algorithm, Decision, DecisionMode, DenyReason, FailureMode, Identity, KeyScheme, LeakyMode,
+    Policy, Rate, Store, StoreError,
 };
 pub use url::{StoreOptions, StoreUrl};

@@ -8,10 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use proptest::prelude::*;
 use sluice::core::ManualClock;
-use sluice::leased::max_slice;
 use sluice::core::algorithm::Adjustment;
 use sluice::core::store::CheckItem;
 use sluice::core::{LeaseId, MultiDecision};
+use sluice::leased::max_slice;
 use sluice::{
     Algorithm, Decision, DecisionMode, DenyCacheMode, Identity, Limiter, Policy, Rate, Store,
     StoreError,
@@ -48,7 +48,11 @@ fn gap() -> impl Strategy<Value = u64> {
 
 /// One instance per entry of `limiters`, all on one store whose clock is `clock`.
 fn limiters(n: usize, clock: &ManualClock) -> Vec<Limiter> {
-    let store = Arc::new(MemoryStore::builder().clock(Arc::new(clock.clone())).build());
+    let store = Arc::new(
+        MemoryStore::builder()
+            .clock(Arc::new(clock.clone()))
+            .build(),
+    );
     (0..n)
         .map(|_| {
             Limiter::builder(store.clone())
@@ -156,7 +160,9 @@ fn busy(algorithm: &Algorithm, requests: usize, gap_us: u64) -> (u64, u64) {
     rt.block_on(async {
         let clock = ManualClock::new(START_US);
         let store = Arc::new(Counted {
-            inner: MemoryStore::builder().clock(Arc::new(clock.clone())).build(),
+            inner: MemoryStore::builder()
+                .clock(Arc::new(clock.clone()))
+                .build(),
             calls: AtomicU64::new(0),
         });
         let limiters: Vec<Limiter> = (0..2)
@@ -203,6 +209,9 @@ fn a_flood_past_the_limit_costs_the_store_under_one_call_in_twenty() {
     // of 100.
     let (admitted, calls) = busy(&algorithm, 5999, 500);
     assert!(admitted <= 300, "{admitted}");
-    assert!(admitted >= 300 - 3 * 2 * max_slice(&algorithm), "{admitted}");
+    assert!(
+        admitted >= 300 - 3 * 2 * max_slice(&algorithm),
+        "{admitted}"
+    );
     assert!(calls * 20 < 6000, "{calls} store calls");
 }

@@ -77,7 +77,10 @@ async fn instances_hammering_one_key_admit_at_most_the_limit_and_at_least_limit_
         admitted += t.await.unwrap();
     }
     let slice = max_slice(&algorithm);
-    let reservations: u64 = limiters.iter().map(|l| l.lease_counters().reservations).sum();
+    let reservations: u64 = limiters
+        .iter()
+        .map(|l| l.lease_counters().reservations)
+        .sum();
     eprintln!("admitted {admitted}, {reservations} reservations");
     assert!(admitted <= 2000, "admitted {admitted} of a limit of 2000");
     assert!(
@@ -85,13 +88,19 @@ async fn instances_hammering_one_key_admit_at_most_the_limit_and_at_least_limit_
         "admitted {admitted}, more than {} short of 2000",
         slice * INSTANCES as u64
     );
-    assert!(reservations > 0 && reservations < 2000, "{reservations} reservations");
+    assert!(
+        reservations > 0 && reservations < 2000,
+        "{reservations} reservations"
+    );
     // What the store counted is what was handed out: admitted plus what is still held.
     let peek = limiters[0]
         .check(&id, &Arc::new(Policy::new("hammer", algorithm).unwrap()), 0)
         .await;
     let used = 2000 - peek.limits[0].decision.as_ref().unwrap().remaining;
-    assert!(used >= admitted, "store counted {used}, admitted {admitted}");
+    assert!(
+        used >= admitted,
+        "store counted {used}, admitted {admitted}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,6 +157,9 @@ async fn a_token_bucket_slice_goes_back_on_shutdown_too() {
     assert!(held > 0, "nothing held after 40 admissions");
     let returned = l.shutdown().await;
     // The refund keeps a margin of one unit plus the refill a store's clock may be ahead by.
-    assert!(returned + 1 >= held && returned <= held, "returned {returned} of {held}");
+    assert!(
+        returned + 1 >= held && returned <= held,
+        "returned {returned} of {held}"
+    );
     assert_eq!(remaining(l.check(&id, &exact, 0).await), before + returned);
 }

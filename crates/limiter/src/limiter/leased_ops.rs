@@ -39,11 +39,14 @@ impl Limiter {
     /// Answers the leased items of a check from their slices, reserving a slice where there
     /// is none. Items left without a decision are checked exactly; `true` when a slice's
     /// remembered denial refused the check.
-    pub(super) async fn spend_leases(&self, planned: &mut [PlannedItem], spent: &mut Spent) -> bool {
+    pub(super) async fn spend_leases(
+        &self,
+        planned: &mut [PlannedItem],
+        spent: &mut Spent,
+    ) -> bool {
         let inner = &*self.inner;
         let table = &inner.leases;
-        for i in 0..planned.len() {
-            let item = &planned[i];
+        for (i, item) in planned.iter_mut().enumerate() {
             let DecisionMode::Leased { ttl_ms } = item.result.policy.mode else {
                 continue;
             };
@@ -62,11 +65,11 @@ impl Limiter {
                     decision,
                     generation,
                 } => {
-                    planned[i].result.decision = Some(decision);
+                    item.result.decision = Some(decision);
                     spent.push((i, generation));
                 }
                 Spend::Denied(decision) => {
-                    planned[i].result.decision = Some(decision);
+                    item.result.decision = Some(decision);
                     return true;
                 }
                 Spend::Reserve { size, refund } => {
@@ -105,13 +108,13 @@ impl Limiter {
                     if let Some((decision, generation)) =
                         table.reserved(&key, &algorithm, size, cost, sent, answer)
                     {
-                        planned[i].result.decision = Some(decision);
+                        item.result.decision = Some(decision);
                         spent.push((i, generation));
                     } else if let Some(d) = answer.filter(|d| size == cost && !d.allowed) {
                         // A slice of just this request's cost is the exact check: its
                         // denial is the answer, and is remembered.
                         table.denied(&key, cost, sent, d);
-                        planned[i].result.decision = Some(d.clone());
+                        item.result.decision = Some(d.clone());
                         return true;
                     }
                 }
