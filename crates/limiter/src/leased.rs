@@ -33,7 +33,9 @@ use sluice_core::{Algorithm, Clock, Decision, DenyReason, Rate, Store, Timestamp
 
 const SHARDS: usize = 64;
 
-type Shard = Mutex<HashMap<Box<str>, Slot>>;
+/// foldhash, not SipHash: every leased check hashes its key twice (shard, then map), and the
+/// keys are sluice's own names (identities in them are hashed already when they are secrets).
+type Shard = Mutex<HashMap<Box<str>, Slot, foldhash::fast::RandomState>>;
 
 /// The most keys the table holds slices for; beyond, new keys are checked exactly.
 pub(crate) const LEASE_TABLE_CAPACITY: usize = 65_536;
@@ -206,7 +208,7 @@ pub(crate) struct Refund {
 #[derive(Debug)]
 pub(crate) struct LeaseTable {
     shards: Box<[Shard]>,
-    hasher: std::hash::RandomState,
+    hasher: foldhash::fast::RandomState,
     per_shard: usize,
     clock: Arc<dyn Clock>,
     /// The longest a refund may take to reach the store (the limiter's call timeout): a
@@ -241,8 +243,10 @@ pub struct LeaseCounters {
 impl LeaseTable {
     pub(crate) fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>, margin_us: u64) -> Self {
         Self {
-            shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
-            hasher: std::hash::RandomState::new(),
+            shards: (0..SHARDS)
+                .map(|_| Mutex::new(HashMap::with_hasher(Default::default())))
+                .collect(),
+            hasher: foldhash::fast::RandomState::default(),
             per_shard: LEASE_TABLE_CAPACITY.div_ceil(SHARDS),
             clock,
             margin_us,
@@ -508,5 +512,63 @@ impl Drop for LeaseTable {
                 let _ = tokio::time::timeout(timeout, call).await;
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000;
+
+    fn slot(size: u64, used: u64, taken: Timestamp) -> Slot {
+        let mut s = Slot::new(
+            &Algorithm::FixedWindow {
+                limit: 10_000,
+                window_ms: 60_000,
+            },
+            S,
+        );
+        (s.size, s.used, s.taken) = (size, used, taken);
+        s
+    }
+
+    #[test]
+    fn a_first_slice_is_one_unit_and_a_rarely_seen_key_keeps_slices_of_one() {
+        assert_eq!(slot(0, 0, 0).next_size(10 * S, 1000), 1);
+        // One request every 10 s with a 1 s lifetime.
+        assert_eq!(slot(1, 1, 0).next_size(10 * S, 1000), 1);
+    }
+
+    #[test]
+    fn slices_follow_the_rate_and_at_most_double() {
+        // 50 spent over 0.5 s: 100 per lifetime, but at most twice the 40 of the last slice.
+        assert_eq!(slot(40, 50, 0).next_size(S / 2, 1000), 80);
+        // 30 spent over 2 s: 15 per lifetime.
+        assert_eq!(slot(100, 30, 0).next_size(2 * S, 1000), 15);
+        // Gone within a tenth of the lifetime: doubles, up to the largest slice.
+        assert_eq!(slot(600, 1, 0).next_size(S / 20, 1000), 1000);
+    }
+
+    #[test]
+    fn a_bucket_slice_shrinks_with_the_refill_and_a_window_slice_ends_with_its_window() {
+        let mut s = slot(10, 0, 0);
+        s.held = 10;
+        s.expires = S;
+        s.bound = Bound::Refill {
+            room: 10,
+            rate: Rate::per_second(1000),
+            slack_us: 0,
+        };
+        assert_eq!(s.spendable(0), 10);
+        // 1 unit per ms refilled: 4 ms leave room for 6.
+        assert_eq!(s.spendable(4000), 6);
+        assert_eq!(s.spendable(20_000), 0);
+        s.bound = Bound::Window { end: 5000 };
+        assert_eq!(s.spendable(4999), 10);
+        assert_eq!(s.spendable(5000), 0);
+        // A refund that may arrive after the window's end is not sent.
+        assert_eq!(s.refundable(4000, 1000), 0);
+        assert_eq!(s.refundable(3000, 1000), 10);
     }
 }
