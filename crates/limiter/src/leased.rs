@@ -83,8 +83,10 @@ struct Slot {
     store_remaining: u64,
     reset_at: Timestamp,
     limit: u64,
-    /// A reservation for this key is on its way: other requests meanwhile are checked exactly.
+    /// A reservation for this key is on its way: other requests meanwhile wait for it (up to
+    /// the call timeout) on `waiters`, then are checked exactly.
     in_flight: bool,
+    waiters: Option<Arc<tokio::sync::Notify>>,
     /// A remembered denial: requests of at least `denied_cost` are denied until `denied_until`.
     denied_until: Timestamp,
     denied_cost: u64,
@@ -109,11 +111,20 @@ impl Slot {
             reset_at: 0,
             limit: algorithm.quota(),
             in_flight: false,
+            waiters: None,
             denied_until: 0,
             denied_cost: 0,
             denied_retry_at: 0,
             denied_reset_at: 0,
             denied_remaining: 0,
+        }
+    }
+
+    /// The reservation on its way is answered (or abandoned): its waiters spend again.
+    fn end_reservation(&mut self) {
+        self.in_flight = false;
+        if let Some(waiters) = self.waiters.take() {
+            waiters.notify_waiters();
         }
     }
 
@@ -191,8 +202,10 @@ pub(crate) enum Spend {
     /// No slice to spend: reserve `size` units (at least the cost), then refund `refund`
     /// units left of the expired slice.
     Reserve { size: u64, refund: u64 },
-    /// Check this request exactly (a reservation is on its way, the table is full, or the
-    /// window is about to end).
+    /// A reservation of this key is on its way: wait for it, then spend again.
+    Wait(Arc<tokio::sync::Notify>),
+    /// Check this request exactly (the table is full, the window is about to end, the cost is
+    /// beyond a slice).
     Exact,
 }
 
@@ -328,7 +341,8 @@ impl LeaseTable {
             };
         }
         if slot.in_flight {
-            return Spend::Exact;
+            let waiters = slot.waiters.get_or_insert_with(Default::default);
+            return Spend::Wait(Arc::clone(waiters));
         }
         // A window about to end: a slice taken now could not go back.
         if let Bound::Window { end } = slot.bound
@@ -363,7 +377,7 @@ impl LeaseTable {
     ) -> Option<(Decision, u64)> {
         let mut shard = self.shard(key).lock();
         let slot = shard.get_mut(key)?;
-        slot.in_flight = false;
+        slot.end_reservation();
         if slot.algorithm != *algorithm {
             return None;
         }
@@ -414,6 +428,21 @@ impl LeaseTable {
             Decision::allow(d.limit, remaining, d.reset_after_ms),
             slot.generation,
         ))
+    }
+
+    /// True while a reservation of `key` is on its way.
+    pub(crate) fn reserving(&self, key: &str) -> bool {
+        self.shard(key).lock().get(key).is_some_and(|s| s.in_flight)
+    }
+
+    /// Ends a reservation that was never answered (its request went away mid-call), so the
+    /// key does not wait on it forever.
+    pub(crate) fn abandon(&self, key: &str) {
+        if let Some(slot) = self.shard(key).lock().get_mut(key)
+            && slot.in_flight
+        {
+            slot.end_reservation();
+        }
     }
 
     /// Gives `cost` back to the slice it was spent from (another limit of the same check

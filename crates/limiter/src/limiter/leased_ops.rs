@@ -32,6 +32,21 @@ impl Clock for MonotonicClock {
     }
 }
 
+/// Abandons the reservation of `key` if its request goes away before the answer.
+struct Reserving<'a> {
+    table: &'a crate::leased::LeaseTable,
+    key: &'a str,
+    answered: bool,
+}
+
+impl Drop for Reserving<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.table.abandon(self.key);
+        }
+    }
+}
+
 /// Units of a check spent from slices: (planned item, slice generation).
 pub(super) type Spent = Vec<(usize, u64)>;
 
@@ -57,10 +72,27 @@ impl Limiter {
             {
                 continue;
             }
-            let now = table.now();
             let (key, cost) = (item.result.key.as_str(), item.cost);
-            match table.spend(key, &item.algorithm, ttl_ms, cost, now) {
-                Spend::Exact => {}
+            let mut waited = false;
+            let spend = loop {
+                match table.spend(key, &item.algorithm, ttl_ms, cost, table.now()) {
+                    // Another request of this instance is reserving: its slice will do, and
+                    // waiting for it costs the store nothing (once; then check exactly).
+                    Spend::Wait(waiters) if !waited => {
+                        waited = true;
+                        let notified = waiters.notified();
+                        tokio::pin!(notified);
+                        notified.as_mut().enable();
+                        if table.reserving(key) {
+                            let _ = tokio::time::timeout(inner.timeout, notified).await;
+                        }
+                    }
+                    Spend::Wait(_) => break Spend::Exact,
+                    other => break other,
+                }
+            };
+            match spend {
+                Spend::Exact | Spend::Wait(_) => {}
                 Spend::Admitted {
                     decision,
                     generation,
@@ -73,6 +105,11 @@ impl Limiter {
                     return true;
                 }
                 Spend::Reserve { size, refund } => {
+                    let mut guard = Reserving {
+                        table,
+                        key,
+                        answered: false,
+                    };
                     if refund > 0 {
                         let refunds = vec![crate::leased::Refund {
                             key: key.to_string(),
@@ -92,6 +129,7 @@ impl Limiter {
                     }];
                     let sent = table.now();
                     let result = self.call_store(&reserve).await;
+                    guard.answered = true;
                     if let Some(observer) = inner.observer.get() {
                         let elapsed = Duration::from_micros(table.now().saturating_sub(sent));
                         observer.store_call(
