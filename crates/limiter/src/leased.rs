@@ -169,15 +169,16 @@ impl Slot {
 
     /// The size of the next slice, between 1 and `max` and at most twice the last one: the
     /// rate seen over the last slice for a whole lifetime, or twice the last size when the
-    /// last slice lasted less than a tenth of its lifetime (spent, or shrunk away by a bucket
-    /// refilling faster than this instance spends: a key far under its limit).
-    fn next_size(&self, now: Timestamp, max: u64) -> u64 {
+    /// last slice lasted less than a tenth of its lifetime or was shrunk away before its end
+    /// (`shrunk`: a bucket refilling faster than this instance spends, a key far under its
+    /// limit, where a smaller slice would only die sooner).
+    fn next_size(&self, now: Timestamp, max: u64, shrunk: bool) -> u64 {
         if self.size == 0 {
             return 1;
         }
         let elapsed_us = now.saturating_sub(self.taken);
         let doubled = self.size.saturating_mul(2);
-        if elapsed_us < self.ttl_us / 10 {
+        if elapsed_us < self.ttl_us / 10 || shrunk {
             return doubled.clamp(1, max);
         }
         let by_rate = self.used as u128 * self.ttl_us as u128 / elapsed_us.max(1000) as u128;
@@ -356,7 +357,11 @@ impl LeaseTable {
             return Spend::Exact;
         }
         let refund = slot.refundable(now, self.margin_us);
-        let size = slot.next_size(now, max).max(cost);
+        // Units the refill took before the slice's lifetime ended.
+        let shrunk = matches!(slot.bound, Bound::Refill { .. })
+            && now < slot.expires
+            && slot.size.saturating_sub(slot.used) > spendable;
+        let size = slot.next_size(now, max, shrunk).max(cost);
         slot.held = 0;
         slot.in_flight = true;
         Spend::Reserve { size, refund }
@@ -383,10 +388,13 @@ impl LeaseTable {
         }
         let d = answer?;
         if !d.allowed {
-            // Fewer than a slice left: the next slices are no larger than what is left.
+            // Fewer than a slice left: start again from slices of one (the slice's lifetime
+            // counts as over, so the next size comes from a rate of nothing).
             slot.size = d.remaining.max(1);
             slot.used = 0;
-            slot.taken = sent;
+            slot.held = 0;
+            slot.taken = sent.saturating_sub(slot.ttl_us);
+            slot.expires = sent;
             return None;
         }
         self.stats.reservations.fetch_add(1, Ordering::Relaxed);
@@ -564,19 +572,21 @@ mod tests {
 
     #[test]
     fn a_first_slice_is_one_unit_and_a_rarely_seen_key_keeps_slices_of_one() {
-        assert_eq!(slot(0, 0, 0).next_size(10 * S, 1000), 1);
+        assert_eq!(slot(0, 0, 0).next_size(10 * S, 1000, false), 1);
         // One request every 10 s with a 1 s lifetime.
-        assert_eq!(slot(1, 1, 0).next_size(10 * S, 1000), 1);
+        assert_eq!(slot(1, 1, 0).next_size(10 * S, 1000, false), 1);
     }
 
     #[test]
     fn slices_follow_the_rate_and_at_most_double() {
         // 50 spent over 0.5 s: 100 per lifetime, but at most twice the 40 of the last slice.
-        assert_eq!(slot(40, 50, 0).next_size(S / 2, 1000), 80);
+        assert_eq!(slot(40, 50, 0).next_size(S / 2, 1000, false), 80);
         // 30 spent over 2 s: 15 per lifetime.
-        assert_eq!(slot(100, 30, 0).next_size(2 * S, 1000), 15);
+        assert_eq!(slot(100, 30, 0).next_size(2 * S, 1000, false), 15);
         // Gone within a tenth of the lifetime: doubles, up to the largest slice.
-        assert_eq!(slot(600, 1, 0).next_size(S / 20, 1000), 1000);
+        assert_eq!(slot(600, 1, 0).next_size(S / 20, 1000, false), 1000);
+        // Shrunk away by a refill, late in its life: doubles too.
+        assert_eq!(slot(300, 1, 0).next_size(S / 2, 1000, true), 600);
     }
 
     #[test]
