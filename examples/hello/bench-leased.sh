@@ -5,7 +5,7 @@
 #
 # Starts one redis-server and three copies of the hello app (no limiter, exact, leased) on free
 # loopback ports, then runs `wrk -t2 -c64 -d5s` against them interleaved (baseline, exact,
-# leased, baseline, ...) for ROUNDS rounds (default 3). For each limited run it reads Redis's
+# leased, baseline, ...) for ROUNDS rounds (default 3), after a 1 s warm-up of each. For each limited run it reads Redis's
 # `INFO commandstats` before and after, so the Redis calls per request are that run's own.
 # The bucket (1e9, refilled at 1e9/s) admits every request: this measures the allowed path.
 set -euo pipefail
@@ -42,6 +42,11 @@ calls() {
   redis-cli -p "$RPORT" info commandstats |
     awk -F'[:=,]' '$1 ~ /^cmdstat_(eval|evalsha|evalsha_ro|eval_ro|fcall|fcall_ro)$/ { n += $3 } END { print n + 0 }'
 }
+
+# Warm-up: connections, the script cache, the first slices.
+for mode in baseline exact leased; do
+  wrk -t2 -c64 -d1s "http://127.0.0.1:${PORT[$mode]}/hello" -H 'x-api-key: bench' >/dev/null
+done
 
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-6s %-9s %12s %14s %8s\n' round mode req/s redis/request non-2xx
