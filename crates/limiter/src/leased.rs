@@ -453,6 +453,15 @@ impl LeaseTable {
         }
     }
 
+    /// Forgets `key`'s slice and remembered denial (its state was reset or refunded by hand).
+    /// Units the slice held are dropped, not refunded: the state they came from is gone.
+    pub(crate) fn forget(&self, key: &str) {
+        let mut shard = self.shard(key).lock();
+        if shard.get(key).is_some_and(|s| !s.in_flight) {
+            shard.remove(key);
+        }
+    }
+
     /// Gives `cost` back to the slice it was spent from (another limit of the same check
     /// denied). A unit of a slice since replaced is dropped: under-admission, never more.
     pub(crate) fn give_back(&self, key: &str, cost: u64, generation: u64) {
@@ -472,8 +481,9 @@ impl LeaseTable {
         }
         if let Some(slot) = self.shard(key).lock().get_mut(key) {
             let retry_at = sent + d.retry_after_ms * 1000;
-            // The store's whole-ms answer may be up to 1 ms late: trust it 1 ms less.
-            slot.denied_until = retry_at - 1000;
+            // The store's whole-ms answer may be up to 1 ms late: trust it 1 ms less, and
+            // for a slice's lifetime at most (another instance may refund meanwhile).
+            slot.denied_until = (retry_at - 1000).min(sent + slot.ttl_us);
             slot.denied_cost = cost;
             slot.denied_retry_at = retry_at;
             slot.denied_reset_at = sent + d.reset_after_ms * 1000;
