@@ -38,24 +38,20 @@ fn leased(name: &str, algorithm: Algorithm, ttl_ms: u64) -> Arc<Policy> {
     Arc::new(p)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn instances_hammering_one_key_admit_at_most_the_limit_and_at_least_limit_minus_their_slices()
-{
+/// Four instances, 8 tasks each of at most 1500 checks (48k requests, at most 20 s in all), on
+/// one key of `algorithm`, whose quota is `quota` (refill during the run included, at most
+/// `refill_per_s` per second): never more than the quota, never short of it by more than the
+/// instances' slices, and fewer reservations than admissions.
+async fn hammer(algorithm: Algorithm, quota: u64, refill_per_s: u64) {
     let server = RedisServer::redis();
     let mut limiters = Vec::new();
     for _ in 0..INSTANCES {
         limiters.push(instance(&server.url()).await);
     }
-    // A window far longer than the run: everything admitted is in one window.
-    let algorithm = Algorithm::FixedWindow {
-        limit: 2000,
-        window_ms: 3_600_000,
-    };
     let policy = leased("hammer", algorithm.clone(), 60_000);
     let id = Identity::new("one-key");
-    // Each instance runs 8 tasks of at most 1500 checks, at most 20 s in all: 48k requests
-    // for a limit of 2000.
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let started = Instant::now();
+    let deadline = started + Duration::from_secs(20);
     let mut tasks = Vec::new();
     for l in &limiters {
         for _ in 0..8 {
@@ -76,31 +72,49 @@ async fn instances_hammering_one_key_admit_at_most_the_limit_and_at_least_limit_
     for t in tasks {
         admitted += t.await.unwrap();
     }
+    // The refill over the whole run, rounded up, plus one for the second it started in.
+    let refill = (started.elapsed().as_secs() + 1) * refill_per_s;
     let slice = max_slice(&algorithm);
     let reservations: u64 = limiters
         .iter()
         .map(|l| l.lease_counters().reservations)
         .sum();
-    eprintln!("admitted {admitted}, {reservations} reservations");
-    assert!(admitted <= 2000, "admitted {admitted} of a limit of 2000");
+    let kind = algorithm.kind();
     assert!(
-        admitted >= 2000 - slice * INSTANCES as u64,
-        "admitted {admitted}, more than {} short of 2000",
+        admitted <= quota + refill,
+        "{kind}: admitted {admitted} of a quota of {quota} (+{refill} refill)"
+    );
+    assert!(
+        admitted >= quota - slice * INSTANCES as u64,
+        "{kind}: admitted {admitted}, more than {} short of {quota}",
         slice * INSTANCES as u64
     );
     assert!(
-        reservations > 0 && reservations < 2000,
-        "{reservations} reservations"
+        reservations > 0 && reservations < admitted,
+        "{kind}: {reservations} reservations for {admitted} admitted"
     );
-    // What the store counted is what was handed out: admitted plus what is still held.
-    let peek = limiters[0]
-        .check(&id, &Arc::new(Policy::new("hammer", algorithm).unwrap()), 0)
-        .await;
-    let used = 2000 - peek.limits[0].decision.as_ref().unwrap().remaining;
-    assert!(
-        used >= admitted,
-        "store counted {used}, admitted {admitted}"
-    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instances_hammering_one_key_admit_at_most_the_limit_and_at_least_limit_minus_their_slices()
+{
+    // A window far longer than the run: everything admitted is in one window.
+    let window = Algorithm::FixedWindow {
+        limit: 2000,
+        window_ms: 3_600_000,
+    };
+    hammer(window, 2000, 0).await;
+    // Buckets refilling one unit per 10 s: the quota is the capacity, give or take the refill.
+    let bucket = Algorithm::TokenBucket {
+        capacity: 2000,
+        rate: sluice::Rate::new(1, 10_000),
+    };
+    hammer(bucket, 2000, 1).await;
+    let gcra = Algorithm::Gcra {
+        rate: sluice::Rate::new(1, 10_000),
+        burst: 1999,
+    };
+    hammer(gcra, 2000, 1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
