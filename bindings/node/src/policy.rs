@@ -120,6 +120,7 @@ impl Policy {
             failure_mode: failure_mode(o.failure_mode.as_deref())?,
             shadow: o.shadow.unwrap_or(false),
             shards: o.shards.unwrap_or(1),
+            mode: sluice::core::DecisionMode::Exact,
         };
         policy
             .validate()

@@ -69,6 +69,7 @@ fn build(name: &str, kind: AlgorithmKind, params: &Params, common: Common<'_>) -
         failure_mode: failure_mode(common.failure_mode)?,
         shadow: common.shadow,
         shards: common.shards,
+        mode: sluice::core::DecisionMode::Exact,
     };
     policy
         .validate()

@@ -165,7 +165,7 @@ impl FromStr for LeakyMode {
             "policing" => Ok(LeakyMode::Policing),
             "shaping" => Ok(LeakyMode::Shaping),
             other => Err(PolicyError::Parse(format!(
-                "unknown leaky-bucket mode {other:?}: expected policing or shaping"
+                "unknown leaky-bucket mode {other:?}: expected policing or shaping (or the decision mode, exact or leased)"
             ))),
         }
     }
@@ -395,6 +395,74 @@ pub enum FailureMode {
     Local,
 }
 
+/// How an instance decides a policy's checks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecisionMode {
+    /// Every check is one atomic store call (the default).
+    #[default]
+    Exact,
+    /// The instance reserves a slice of a key's quota in one store call and spends it locally;
+    /// a slice lives at most `ttl_ms`. Never admits more than the limit; may under-admit by
+    /// what other instances hold (`docs/leased-mode.md`).
+    Leased {
+        /// The longest a slice is spent before it goes back.
+        ttl_ms: u64,
+    },
+}
+
+impl DecisionMode {
+    /// The default lifetime of a slice.
+    pub const DEFAULT_LEASE_TTL_MS: u64 = 1000;
+    /// The longest lifetime a slice may have.
+    pub const MAX_LEASE_TTL_MS: u64 = 60_000;
+
+    /// True for [`DecisionMode::Exact`].
+    pub fn is_exact(&self) -> bool {
+        matches!(self, DecisionMode::Exact)
+    }
+
+    /// Leased mode with the default slice lifetime.
+    pub const fn leased() -> Self {
+        DecisionMode::Leased {
+            ttl_ms: Self::DEFAULT_LEASE_TTL_MS,
+        }
+    }
+
+    /// Whether `algorithm` can be decided in this mode: leasing needs an algorithm whose
+    /// quota can be taken ahead and given back (token bucket, GCRA, fixed and calendar
+    /// windows); a shaping delay, a sliding window and concurrency leases cannot.
+    pub fn check(&self, algorithm: &Algorithm) -> Result<(), PolicyError> {
+        let DecisionMode::Leased { ttl_ms } = *self else {
+            return Ok(());
+        };
+        if ttl_ms == 0 || ttl_ms > Self::MAX_LEASE_TTL_MS {
+            return Err(PolicyError::Invalid(format!(
+                "lease_ttl must be between 1ms and {}",
+                format_duration_ms(Self::MAX_LEASE_TTL_MS)
+            )));
+        }
+        match algorithm {
+            Algorithm::TokenBucket { .. }
+            | Algorithm::Gcra { .. }
+            | Algorithm::FixedWindow { .. }
+            | Algorithm::CalendarWindow { .. } => Ok(()),
+            other => Err(PolicyError::Invalid(format!(
+                "mode = \"leased\" supports token-bucket, gcra and fixed-window, not {}: {}",
+                other.kind(),
+                match other {
+                    Algorithm::Concurrency { .. } =>
+                        "a concurrency lease is held per request and cannot be spent ahead",
+                    Algorithm::LeakyBucket { .. } =>
+                        "its shaping delay depends on each request's arrival at the store",
+                    _ =>
+                        "a sliding window weighs each admission by its time, which a slice taken ahead does not keep",
+                }
+            ))),
+        }
+    }
+}
+
 /// A named limit.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Policy {
@@ -413,6 +481,9 @@ pub struct Policy {
     /// with 1/N of the quota and rate. 1 = no sharding.
     #[serde(default = "one")]
     pub shards: u32,
+    /// Exact (one store call per check) or leased (slices spent locally).
+    #[serde(default, skip_serializing_if = "DecisionMode::is_exact")]
+    pub mode: DecisionMode,
 }
 
 fn one() -> u32 {
@@ -428,6 +499,7 @@ impl Policy {
             failure_mode: FailureMode::Open,
             shadow: false,
             shards: 1,
+            mode: DecisionMode::Exact,
         };
         p.validate()?;
         Ok(p)
@@ -449,7 +521,8 @@ impl Policy {
         if self.shards == 0 {
             return Err(PolicyError::Invalid("shards must be at least 1".into()));
         }
-        self.algorithm.validate()
+        self.algorithm.validate()?;
+        self.mode.check(&self.algorithm)
     }
 }
 

@@ -17,6 +17,7 @@
 //! - [`deny_cache`]: the local deny cache that answers repeated denials without the store.
 //! - [`local`]: `failure_mode = "local"`, the embedded store that decides while the store is
 //!   unreachable.
+//! - [`leased`]: `mode = "leased"`, slices of a key's quota spent in-process.
 //! - [`lease_token`]: a check's concurrency leases as text, to release in a later request.
 //! - [`observer`]: a hook that sees every decision and store call (live views).
 //! - [`url`]: store selection by URL.
@@ -33,6 +34,7 @@ pub mod breaker;
 pub mod control;
 pub mod deny_cache;
 pub mod lease_token;
+pub mod leased;
 pub mod limiter;
 pub mod local;
 pub mod observer;
@@ -44,12 +46,13 @@ pub use control::{
 };
 pub use deny_cache::DenyCacheMode;
 pub use lease_token::{LeaseToken, LeaseTokenError, TokenLease};
+pub use leased::LeaseCounters;
 pub use limiter::{Checked, Lease, LimitResult, Limiter, LimiterBuilder, Verdict};
 pub use local::{InvalidLocalShare, LocalShare};
 pub use observer::{DecisionEvent, DecisionObserver, Outcome};
 pub use sluice_core as core;
 pub use sluice_core::{
-    Algorithm, Decision, DenyReason, FailureMode, Identity, KeyScheme, LeakyMode, Policy, Rate,
-    Store, StoreError,
+    Algorithm, Decision, DecisionMode, DenyReason, FailureMode, Identity, KeyScheme, LeakyMode,
+    Policy, Rate, Store, StoreError,
 };
 pub use url::{StoreOptions, StoreUrl};

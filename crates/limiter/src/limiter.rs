@@ -14,7 +14,10 @@ use sluice_core::{
 use crate::breaker::{BreakerConfig, CircuitBreaker};
 use crate::control::ControlPlane;
 use crate::deny_cache::{DenyCache, DenyCacheMode};
+use crate::leased::LeaseTable;
 use crate::local::{LocalFallback, LocalShare};
+
+mod leased_ops;
 
 mod state_ops;
 
@@ -117,9 +120,16 @@ pub struct LimiterBuilder {
     deny_cache: DenyCacheMode,
     local_share: LocalShare,
     control: Option<ControlPlane>,
+    clock: Option<Arc<dyn sluice_core::Clock>>,
 }
 
 impl LimiterBuilder {
+    /// The clock leased-mode slices live by (default: monotonic, from the build); tests that
+    /// drive the store's clock by hand pass the same clock here.
+    pub fn clock(mut self, clock: Arc<dyn sluice_core::Clock>) -> Self {
+        self.clock = Some(clock);
+        self
+    }
     /// The share of each policy's limit this instance grants on its own while the store is
     /// unreachable, for policies with [`FailureMode::Local`] (default: the whole limit).
     pub fn local_share(mut self, share: LocalShare) -> Self {
@@ -166,8 +176,18 @@ impl LimiterBuilder {
     /// Builds the limiter.
     pub fn build(self) -> Limiter {
         let deny_mode = self.deny_cache.resolve(self.store.kind());
+        let clock = self
+            .clock
+            .unwrap_or_else(|| Arc::new(leased_ops::MonotonicClock::new()));
+        let leases = LeaseTable::new(
+            Arc::clone(&self.store),
+            clock,
+            self.timeout.as_micros() as u64,
+        );
         Limiter {
             inner: Arc::new(Inner {
+                leases,
+                sweeper: std::sync::OnceLock::new(),
                 store: self.store,
                 keys: self.keys,
                 timeout: self.timeout,
@@ -202,6 +222,10 @@ struct Inner {
     local: LocalFallback,
     control: ControlPlane,
     observer: std::sync::OnceLock<Arc<dyn crate::observer::DecisionObserver>>,
+    /// Leased-mode slices (`crate::leased`).
+    leases: LeaseTable,
+    /// Set once the task returning unspent slices runs.
+    sweeper: std::sync::OnceLock<()>,
 }
 
 /// One policy of a check on its way through [`Limiter::check_many`]: the result being filled
@@ -280,6 +304,7 @@ impl Limiter {
             deny_cache: DenyCacheMode::Auto,
             local_share: LocalShare::WHOLE,
             control: None,
+            clock: None,
         }
     }
 
@@ -358,9 +383,10 @@ impl Limiter {
             return checked;
         }
 
+        let mut spent = leased_ops::Spent::new();
+        let mut enforced_denied = self.spend_leases(&mut planned, &mut spent).await;
         let calls = self.group_into_calls(&planned);
         let mut verdict = Verdict::Decided;
-        let mut enforced_denied = false;
         for call in &calls {
             if !call.shadow && enforced_denied {
                 break;
@@ -371,6 +397,7 @@ impl Limiter {
                 .map(|&i| planned[i].check_item())
                 .collect();
             let sent = inner.now_us();
+            let lease_sent = inner.leases.now();
             let result = self.call_store(&check_items).await;
             if let Some(observer) = inner.observer.get() {
                 let policies: Vec<&str> = call
@@ -393,6 +420,9 @@ impl Limiter {
                             cache.record(&item.result.key, item.cost, sent, &d);
                         }
                         item.result.decision = Some(d);
+                        if !call.shadow && !allowed {
+                            self.note_leased_denial(item, lease_sent);
+                        }
                     }
                     if !call.shadow && !allowed {
                         enforced_denied = true;
@@ -452,6 +482,9 @@ impl Limiter {
             }
         }
 
+        if enforced_denied {
+            self.give_back_leases(&planned, &spent);
+        }
         let mut leases: Vec<Lease> = planned.iter().filter_map(PlannedItem::lease).collect();
         // All-or-nothing across groups is best effort: if a later enforced group denied, release
         // leases taken by earlier groups (other algorithms' consumption cannot be undone; see docs).

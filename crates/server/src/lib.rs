@@ -286,13 +286,17 @@ async fn run_shared(
             let _ = stop_tx.send(true);
         }
     }
-    match tokio::time::timeout(grace, &mut servers).await {
+    let served = match tokio::time::timeout(grace, &mut servers).await {
         Ok(r) => r,
         Err(_) => {
             tracing::warn!("requests still in flight after {grace:?}; stopping anyway");
             Ok(())
         }
-    }
+    };
+    // Units held in leased slices (`mode = "leased"`) go back to the store.
+    let limiter = shared.runtime().limiter.clone();
+    let _ = tokio::time::timeout(grace, limiter.shutdown()).await;
+    served
 }
 
 /// The connection and gRPC limits of `config` (`[server]`).

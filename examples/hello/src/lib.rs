@@ -3,8 +3,9 @@
 //!
 //! Limits: a token bucket named `burst` of 10 refilled at 5/s (so `RateLimit-Policy:
 //! "burst";q=10;w=2`), per API key (`x-api-key`, hashed) and per client IP for anonymous
-//! clients. `--no-limiter` serves the same app without the layer, and `--capacity` /
-//! `--rate` change the bucket, so a benchmark can compare the three.
+//! clients. `--no-limiter` serves the same app without the layer, `--capacity` / `--rate`
+//! change the bucket and `--mode leased` spends slices of it in-process, so a benchmark can
+//! compare them.
 #![forbid(unsafe_code)]
 
 use std::future::Future;
@@ -13,7 +14,7 @@ use std::net::SocketAddr;
 use axum::Router;
 use axum::routing::get;
 use sluice::core::PolicyError;
-use sluice::{Algorithm, Limiter, Policy, Rate};
+use sluice::{Algorithm, DecisionMode, Limiter, Policy, Rate};
 use sluice_http::{IdentitySource, RateLimitLayer, TrustedProxies};
 
 /// What the service limits, and how.
@@ -25,6 +26,8 @@ pub struct Limits {
     pub rate: Rate,
     /// Peers allowed to set forwarding headers (default none).
     pub trusted_proxies: TrustedProxies,
+    /// Exact (default) or leased (`docs/leased-mode.md`).
+    pub mode: DecisionMode,
 }
 
 impl Default for Limits {
@@ -33,6 +36,7 @@ impl Default for Limits {
             capacity: 10,
             rate: Rate::per_second(5),
             trusted_proxies: TrustedProxies::None,
+            mode: DecisionMode::Exact,
         }
     }
 }
@@ -55,13 +59,15 @@ pub fn routes() -> Router {
 
 /// The layer of the guide: policy `burst`, API key first, then the client IP.
 pub fn layer(limiter: Limiter, limits: &Limits) -> Result<RateLimitLayer, PolicyError> {
-    let burst = Policy::new(
+    let mut burst = Policy::new(
         "burst",
         Algorithm::TokenBucket {
             capacity: limits.capacity,
             rate: limits.rate,
         },
     )?;
+    burst.mode = limits.mode;
+    burst.validate()?;
     Ok(RateLimitLayer::builder(limiter)
         .policy(burst)
         .identity(IdentitySource::api_key("x-api-key"))

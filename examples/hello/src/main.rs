@@ -31,6 +31,10 @@ struct Args {
     /// Refill rate: `5/s`, `300/min`, or requests per second.
     #[arg(long, default_value = "5/s")]
     rate: String,
+    /// `exact` (one store call per request) or `leased` (slices spent in-process; see
+    /// docs/leased-mode.md).
+    #[arg(long, default_value = "exact", value_parser = ["exact", "leased"])]
+    mode: String,
     /// Trusted proxy networks (CIDR, comma-separated); only they may set X-Forwarded-For.
     #[arg(long, env = "SLUICE_TRUSTED_PROXIES", value_delimiter = ',')]
     trusted_proxy: Vec<String>,
@@ -52,6 +56,11 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let limits = Limits {
         capacity: args.capacity,
         rate: parse_rate(&args.rate)?,
+        mode: if args.mode == "leased" {
+            sluice::DecisionMode::leased()
+        } else {
+            sluice::DecisionMode::Exact
+        },
         trusted_proxies: if args.trusted_proxy.is_empty() {
             TrustedProxies::None
         } else {
@@ -63,7 +72,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     } else {
         Some(Limiter::connect(&args.store, StoreOptions::default()).await?)
     };
-    let app = app(limiter, &limits)?;
+    let app = app(limiter.clone(), &limits)?;
     let listener = tokio::net::TcpListener::bind(&args.listen).await?;
     let store = if args.no_limiter {
         "off".to_string()
@@ -78,5 +87,9 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         let _ = tokio::signal::ctrl_c().await;
     })
     .await?;
+    // Units held in leased slices go back to the store.
+    if let Some(l) = limiter {
+        l.shutdown().await;
+    }
     Ok(())
 }

@@ -110,6 +110,7 @@ impl Limiter {
             if let Some(cache) = &self.inner.deny_cache {
                 cache.forget(&key);
             }
+            self.inner.leases.forget(&key);
         }
         Ok(any)
     }
@@ -156,10 +157,11 @@ impl Limiter {
             let d = self
                 .guarded(self.inner.store.adjust(key, &algorithm, adjustment))
                 .await?;
-            if matches!(adjustment, Adjustment::Refund(_))
-                && let Some(cache) = &self.inner.deny_cache
-            {
-                cache.forget(key);
+            if matches!(adjustment, Adjustment::Refund(_)) {
+                if let Some(cache) = &self.inner.deny_cache {
+                    cache.forget(key);
+                }
+                self.inner.leases.forget(key);
             }
             decisions.push(d);
         }

@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use sluice::core::algorithm::{AlgorithmKind, Param, Params};
 use sluice::core::policy::{CalendarPeriod, parse_duration_ms};
-use sluice::{Algorithm, FailureMode, LeakyMode, Policy, Rate};
+use sluice::{Algorithm, DecisionMode, FailureMode, LeakyMode, Policy, Rate};
 use toml::Spanned;
 
 use super::check::failure_mode;
@@ -54,6 +54,13 @@ fn check_policy(
     let r = p.get_ref();
     let header = p.span();
     let before = ck.errors.len();
+    // `mode` names the decision mode (exact, leased) on every algorithm, and the leaky
+    // bucket's policing or shaping.
+    let decision_mode = r
+        .mode
+        .as_ref()
+        .filter(|m| matches!(m.get_ref().as_str(), "exact" | "leased"));
+    let leaky_mode = r.mode.as_ref().filter(|_| decision_mode.is_none());
     let kind = match r.algorithm.get_ref().parse::<AlgorithmKind>() {
         Ok(kind) => kind,
         Err(e) => {
@@ -62,15 +69,23 @@ fn check_policy(
         }
     };
     // Parameters that do not belong to the algorithm are mistakes worth reporting.
-    let spans: [(Param, Option<Range<usize>>); 7] = [
+    let spans: [(Param, Option<Range<usize>>); 6] = [
         (Param::Capacity, r.capacity.as_ref().map(|v| v.span())),
         (Param::Rate, r.rate.as_ref().map(|v| v.span())),
         (Param::Burst, r.burst.as_ref().map(|v| v.span())),
         (Param::Limit, r.limit.as_ref().map(|v| v.span())),
         (Param::Window, r.window.as_ref().map(|v| v.span())),
-        (Param::Mode, r.mode.as_ref().map(|v| v.span())),
         (Param::Lease, r.lease.as_ref().map(|v| v.span())),
     ];
+    if let Some(m) = leaky_mode
+        && !kind.takes(Param::Mode)
+    {
+        ck.at(
+            m.span(),
+            f("mode"),
+            format!("unknown mode {:?}: expected exact or leased", m.get_ref()),
+        );
+    }
     for (param, span) in spans {
         if let Some(span) = span
             && let Err(e) = kind.check_param(param)
@@ -124,7 +139,7 @@ fn check_policy(
                 None => duration(ck, v, Param::Window),
             }
         }),
-        mode: r.mode.as_ref().filter(|_| takes(Param::Mode)).map(|v| {
+        mode: leaky_mode.filter(|_| takes(Param::Mode)).map(|v| {
             v.get_ref().parse::<LeakyMode>().unwrap_or_else(|e| {
                 ck.at(v.span(), f("mode"), e.to_string());
                 LeakyMode::Policing
@@ -198,6 +213,7 @@ fn check_policy(
             }
         },
     };
+    let mode = decision_mode_of(ck, r, &f, algorithm.as_ref());
     if ck.errors.len() != before {
         return None;
     }
@@ -207,10 +223,61 @@ fn check_policy(
         failure_mode: failure,
         shadow: r.shadow || global_shadow,
         shards,
+        mode,
     };
     Some(PolicyConfig {
         policy: Arc::new(policy),
         layer_identity: identity.layer_source(jwt),
         identity,
     })
+}
+
+/// `mode = "exact" | "leased"` and `lease_ttl`: the decision mode, reported at the field that
+/// is wrong (an algorithm leasing cannot serve, a lifetime out of range, a `lease_ttl`
+/// without leasing).
+fn decision_mode_of(
+    ck: &mut Checker<'_>,
+    r: &RawPolicy,
+    f: &dyn Fn(&str) -> String,
+    algorithm: Option<&Algorithm>,
+) -> DecisionMode {
+    let leased = r.mode.as_ref().filter(|m| m.get_ref() == "leased");
+    let Some(mode) = leased else {
+        if let Some(ttl) = &r.lease_ttl {
+            ck.at(
+                ttl.span(),
+                f("lease_ttl"),
+                "only a policy with mode = \"leased\" takes lease_ttl",
+            );
+        }
+        return DecisionMode::Exact;
+    };
+    let ttl_ms = match &r.lease_ttl {
+        None => DecisionMode::DEFAULT_LEASE_TTL_MS,
+        Some(v) => match parse_duration_ms(v.get_ref()) {
+            Ok(ms) if (1..=DecisionMode::MAX_LEASE_TTL_MS).contains(&ms) => ms,
+            Ok(_) => {
+                ck.at(
+                    v.span(),
+                    f("lease_ttl"),
+                    format!(
+                        "must be between 1ms and {}",
+                        sluice::core::policy::format_duration_ms(DecisionMode::MAX_LEASE_TTL_MS)
+                    ),
+                );
+                return DecisionMode::Exact;
+            }
+            Err(e) => {
+                ck.at(v.span(), f("lease_ttl"), e.to_string());
+                return DecisionMode::Exact;
+            }
+        },
+    };
+    let leased = DecisionMode::Leased { ttl_ms };
+    if let Some(a) = algorithm
+        && let Err(e) = leased.check(a)
+    {
+        ck.at(mode.span(), f("mode"), e.to_string());
+    }
+    leased
 }

@@ -90,6 +90,8 @@ pub(super) struct RawPolicy {
     pub window: Option<Spanned<RawDuration>>,
     pub mode: Option<Spanned<String>>,
     pub lease: Option<Spanned<RawDuration>>,
+    /// How long a leased-mode slice lives (`mode = "leased"` only).
+    pub lease_ttl: Option<Spanned<RawDuration>>,
     pub identity: Option<Spanned<RawIdentity>>,
     pub failure_mode: Option<Spanned<String>>,
     #[serde(default)]

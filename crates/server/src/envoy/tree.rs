@@ -77,6 +77,7 @@ pub fn build_policy(
         failure_mode: FailureMode::Open,
         shadow,
         shards: 1,
+        mode: sluice::core::DecisionMode::Exact,
     };
     policy.validate().ok()?;
     Some(Arc::new(policy))
