@@ -70,6 +70,43 @@ pub(crate) const BATCH: &str = concat!(
     "return batch(KEYS, ARGV)\n"
 );
 
+/// A one-policy batch script (`lua/batch_common.lua` + the algorithm's batch file): `cluster`
+/// builds the form a Cluster node runs (its items' keys in several slots of the node, each
+/// read with its own GET, hence the `allow-cross-slot-keys` flag).
+macro_rules! one_policy_batch {
+    ($file:literal, $entry:literal, standalone) => {
+        concat!(
+            "local BATCH_PER_KEY_READS = false\n",
+            lua!("common.lua"),
+            lua!("batch_common.lua"),
+            lua!($file),
+            "return ", $entry, "(KEYS, ARGV)\n"
+        )
+    };
+    ($file:literal, $entry:literal, cluster) => {
+        concat!(
+            "#!lua flags=allow-cross-slot-keys\n",
+            "local BATCH_PER_KEY_READS = true\n",
+            lua!("common.lua"),
+            lua!("batch_common.lua"),
+            lua!($file),
+            "return ", $entry, "(KEYS, ARGV)\n"
+        )
+    };
+}
+
+/// Token-bucket checks of one policy in one call, standalone.
+pub(crate) const BATCH_TOKEN_BUCKET: &str =
+    one_policy_batch!("batch_token_bucket.lua", "batch_token_bucket", standalone);
+/// GCRA checks of one policy in one call, standalone.
+pub(crate) const BATCH_GCRA: &str = one_policy_batch!("batch_gcra.lua", "batch_gcra", standalone);
+/// Token-bucket checks of one policy in one call on one Cluster node.
+pub(crate) const CLUSTER_BATCH_TOKEN_BUCKET: &str =
+    one_policy_batch!("batch_token_bucket.lua", "batch_token_bucket", cluster);
+/// GCRA checks of one policy in one call on one Cluster node.
+pub(crate) const CLUSTER_BATCH_GCRA: &str =
+    one_policy_batch!("batch_gcra.lua", "batch_gcra", cluster);
+
 /// The Lua file implementing `kind` (registering `CHECK.<lua_code>`).
 pub fn algorithm_source(kind: AlgorithmKind) -> &'static str {
     match kind {

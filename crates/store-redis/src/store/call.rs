@@ -164,15 +164,27 @@ fn shows_life(r: &Result<Value, RedisError>) -> bool {
     }
 }
 
-/// Runs `lua/batch.lua` on `conn` (EVALSHA, EVAL when the script cache was flushed) under
-/// [`batch_timeout`].
-pub(super) fn batch_runner(conn: Conn, timeout: Duration) -> crate::batch::Runner {
-    let lua = Arc::new(Lua::new(scripts::BATCH));
-    Arc::new(move |keys: Vec<String>, args: Vec<String>| {
-        let (conn, lua) = (conn.clone(), Arc::clone(&lua));
-        let timeout = batch_timeout(timeout, keys.len());
+/// Runs the batch scripts on `conn` (EVALSHA, EVAL when the script cache was flushed) under
+/// [`batch_timeout`]; `cluster` selects the one-policy scripts' Cluster form.
+pub(super) fn batch_runner(conn: Conn, timeout: Duration, cluster: bool) -> crate::batch::Runner {
+    use crate::batch::BatchScript;
+    let generic = Lua::new(scripts::BATCH);
+    let (tb, gcra) = if cluster {
+        (scripts::CLUSTER_BATCH_TOKEN_BUCKET, scripts::CLUSTER_BATCH_GCRA)
+    } else {
+        (scripts::BATCH_TOKEN_BUCKET, scripts::BATCH_GCRA)
+    };
+    let luas = Arc::new([generic, Lua::new(tb), Lua::new(gcra)]);
+    Arc::new(move |script: BatchScript, items: usize, keys: Vec<String>, args: Vec<String>| {
+        let (conn, luas) = (conn.clone(), Arc::clone(&luas));
+        let timeout = batch_timeout(timeout, items);
+        let i = match script {
+            BatchScript::Generic => 0,
+            BatchScript::TokenBucket => 1,
+            BatchScript::Gcra => 2,
+        };
         Box::pin(async move {
-            invoke_timed(&conn, ScriptMode::Eval, timeout, &lua, "", keys, args).await
+            invoke_timed(&conn, ScriptMode::Eval, timeout, &luas[i], "", keys, args).await
         })
     })
 }

@@ -1,0 +1,41 @@
+-- batch_common.lua: what the one-policy batch scripts share (batch_token_bucket.lua,
+-- batch_gcra.lua; src/batch.rs sends them), appended after common.lua.
+--
+-- A one-policy batch sends the policy's parameters once and per item only its key and, when
+-- any item costs more than 1, its cost. Every state is read before anything is written and
+-- each distinct key is written once, at the end, with the state its last admitted item left:
+-- what separate one-item calls arriving in the same microsecond would leave, since an item
+-- of the batch sees the state the batch's earlier items on its key left.
+
+-- The item keys and the ARGV index after them. ARGV[at] = m: how many item keys follow in
+-- ARGV after those in KEYS (a Cluster node's batch names one key in KEYS, which routes the
+-- call, and the rest in ARGV: they are in other slots of the same node).
+local function batch_keys(keys, argv, at)
+  local m = tonumber(argv[at])
+  if m == 0 then
+    return keys, at + 1
+  end
+  local all = {}
+  local n = #keys
+  for i = 1, n do
+    all[i] = keys[i]
+  end
+  for j = 1, m do
+    all[n + j] = argv[at + j]
+  end
+  return all, at + 1 + m
+end
+
+-- The stored value of every item key (false when missing or of another type). A standalone
+-- server reads them with one MGET (which answers nil for a key of another type); a Cluster
+-- node reads each key on its own, since a command's keys must share one slot.
+local function batch_reads(items)
+  if BATCH_PER_KEY_READS then
+    local vals = {}
+    for i = 1, #items do
+      vals[i] = get_string(items[i]) or false
+    end
+    return vals
+  end
+  return call('MGET', unpack(items))
+end

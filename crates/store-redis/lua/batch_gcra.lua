@@ -1,0 +1,100 @@
+-- batch_gcra.lua: GCRA checks of one policy in one call (src/batch.rs; the formulas of
+-- gcra.lua, the encoding `g<tat_us>` it reads and writes).
+--
+-- KEYS     = item keys (see batch_keys for the Cluster form)
+-- ARGV[1]  = now in µs, or "" to read the server clock with TIME
+-- ARGV[2]  = TTL padding in ms added to every write
+-- ARGV[3], ARGV[4] = T (µs), burst (gcra.lua's p1, p2)
+-- ARGV[5]  = m, then m more item keys (Cluster form; 0 otherwise)
+-- then the cost of each item, or nothing when every item costs 1
+-- Returns 3 integers per item: verdict (0 admitted, n > 0 limited with retry after n ms,
+-- -1 the cost exceeds the burst), remaining, reset_after_ms.
+-- Redis commands per call: TIME, MGET (or one GET per item on a Cluster), one SET PX per
+-- distinct key an admitted item of positive cost changed.
+local function batch_gcra(keys, argv)
+  local now = now_us(argv[1])
+  local pad = tonumber(argv[2])
+  local t, burst = tonumber(argv[3]), tonumber(argv[4])
+  local items, at = batch_keys(keys, argv, 5)
+  local vals = batch_reads(items)
+  local costs = #argv >= at
+  local tolerance = t * (burst + 1)
+  local match = string.match
+  local tat_of = {}
+  local ttl_of = {}
+  local order = {}
+  local out = {}
+  local o = 0
+  for i = 1, #items do
+    local key = items[i]
+    local tat = tat_of[key]
+    if tat == nil then
+      tat = now
+      local v = vals[i]
+      if v then
+        local x = match(v, '^g(%d+)$')
+        if x then
+          tat = tonumber(x)
+        end
+      end
+    end
+    local cost = 1
+    if costs then
+      cost = tonumber(argv[at + i - 1])
+    end
+    local increment = t * cost
+    local base = tat
+    if now > base then
+      base = now
+    end
+    local new_tat = base + increment
+    local diff = now - (new_tat - tolerance)
+    if diff < 0 then
+      local ttl = tat - now
+      if ttl < 0 then
+        ttl = 0
+      end
+      local nxt = tolerance - ttl
+      local remaining = 0
+      if nxt > 0 then
+        remaining = fdiv(nxt, t)
+      end
+      if increment <= tolerance then
+        local retry = cdiv(-diff, 1000)
+        if retry < 1 then
+          retry = 1
+        end
+        out[o + 1] = retry
+      else
+        out[o + 1] = -1
+      end
+      out[o + 2] = remaining
+      out[o + 3] = cdiv(ttl, 1000)
+    else
+      local ttl = new_tat - now
+      local nxt = tolerance - ttl
+      local remaining = 0
+      if nxt > 0 then
+        remaining = fdiv(nxt, t)
+      end
+      local reset = cdiv(ttl, 1000)
+      out[o + 1] = 0
+      out[o + 2] = remaining
+      out[o + 3] = reset
+      if cost > 0 then
+        tat = new_tat
+        if ttl_of[key] == nil then
+          order[#order + 1] = key
+        end
+        ttl_of[key] = reset
+      end
+    end
+    tat_of[key] = tat
+    o = o + 3
+  end
+  for j = 1, #order do
+    local key = order[j]
+    call('SET', key, string.format('g%d', tat_of[key]), 'PX', ttl_of[key] + pad)
+  end
+  return out
+end

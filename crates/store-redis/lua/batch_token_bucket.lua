@@ -1,0 +1,90 @@
+-- batch_token_bucket.lua: token-bucket checks of one policy in one call (src/batch.rs; the
+-- formulas of token_bucket.lua, the encoding `t<tokens>:<last_ms>` it reads and writes).
+--
+-- KEYS     = item keys (see batch_keys for the Cluster form)
+-- ARGV[1]  = now in µs, or "" to read the server clock with TIME
+-- ARGV[2]  = TTL padding in ms added to every write
+-- ARGV[3], ARGV[4], ARGV[5] = C, R, P (token_bucket.lua's p1, p2, p3)
+-- ARGV[6]  = m, then m more item keys (Cluster form; 0 otherwise)
+-- then the cost of each item, or nothing when every item costs 1
+-- Returns 3 integers per item: verdict (0 admitted, n > 0 limited with retry after n ms,
+-- -1 the cost exceeds the capacity), remaining, reset_after_ms.
+-- Redis commands per call: TIME, MGET (or one GET per item on a Cluster), one SET PX per
+-- distinct key an admitted item of positive cost changed.
+local function batch_token_bucket(keys, argv)
+  local now_ms = floor(now_us(argv[1]) / 1000)
+  local pad = tonumber(argv[2])
+  local cap, r, p = tonumber(argv[3]), tonumber(argv[4]), tonumber(argv[5])
+  local items, at = batch_keys(keys, argv, 6)
+  local vals = batch_reads(items)
+  local costs = #argv >= at
+  local full = cap * p
+  local match = string.match
+  local tokens_of = {}
+  local ttl_of = {}
+  local order = {}
+  local out = {}
+  local o = 0
+  for i = 1, #items do
+    local key = items[i]
+    local tokens = tokens_of[key]
+    if tokens == nil then
+      tokens = full
+      local v = vals[i]
+      if v then
+        local t, last = match(v, '^t(%d+):(%d+)$')
+        if t then
+          t = tonumber(t)
+          local elapsed = now_ms - tonumber(last)
+          if elapsed < 0 then
+            elapsed = 0
+          end
+          local missing = full - t
+          if missing < 0 then
+            missing = 0
+          end
+          if elapsed < cdiv(missing, r) then
+            tokens = t + elapsed * r
+          end
+        end
+      end
+    end
+    local cost = 1
+    if costs then
+      cost = tonumber(argv[at + i - 1])
+    end
+    local need = cost * p
+    if cost > cap then
+      out[o + 1] = -1
+      out[o + 2] = fdiv(tokens, p)
+      out[o + 3] = cdiv(full - tokens, r)
+    elseif tokens < need then
+      local retry = cdiv(need - tokens, r)
+      if retry < 1 then
+        retry = 1
+      end
+      out[o + 1] = retry
+      out[o + 2] = fdiv(tokens, p)
+      out[o + 3] = cdiv(full - tokens, r)
+    else
+      tokens = tokens - need
+      local reset = cdiv(full - tokens, r)
+      out[o + 1] = 0
+      out[o + 2] = fdiv(tokens, p)
+      out[o + 3] = reset
+      if cost > 0 then
+        if ttl_of[key] == nil then
+          order[#order + 1] = key
+        end
+        ttl_of[key] = reset
+      end
+    end
+    tokens_of[key] = tokens
+    o = o + 3
+  end
+  for j = 1, #order do
+    local key = order[j]
+    call('SET', key, string.format('t%d:%d', tokens_of[key], now_ms), 'PX', ttl_of[key] + pad)
+  end
+  return out
+end

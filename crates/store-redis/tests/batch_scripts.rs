@@ -1,0 +1,233 @@
+//! The one-policy batch scripts (`lua/batch_token_bucket.lua`, `lua/batch_gcra.lua`): field by
+//! field the same decisions and stored states as the generic `lua/batch.lua` (itself held to
+//! the Rust algorithms by the differential tests), a key repeated in a batch decided exactly
+//! as separate calls, and Cluster batches of keys in many slots: exact counts, never CROSSSLOT.
+
+mod common;
+
+use common::{Kind, namespace, url};
+use futures::future::join_all;
+use rand::{Rng, SeedableRng, rngs::StdRng};
+use sluice_core::{Algorithm, CheckItem, Rate, Store};
+use sluice_redis::RedisStore;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A store on the server clock (so it batches); TTLs padded by 10 minutes, since the
+/// explicit `now` of `batch_at` is not the server's clock that expires keys.
+async fn store(kind: Kind, tag: &str) -> RedisStore {
+    RedisStore::builder(url(kind))
+        .timeout(Duration::from_secs(10))
+        .ttl_pad_ms(600_000)
+        .namespace(namespace(tag))
+        .connect()
+        .await
+        .expect("connect")
+}
+
+/// The stored value and PTTL of `key` on a standalone server.
+async fn stored(store: &RedisStore, key: &str) -> (Option<String>, i64) {
+    let k = store.server_key(key);
+    let mut get = sluice_redis::redis::cmd("GET");
+    get.arg(&k);
+    let v = store.command(&get).await.unwrap();
+    let mut ttl = sluice_redis::redis::cmd("PTTL");
+    ttl.arg(&k);
+    let t = store.command(&ttl).await.unwrap();
+    let v = match v {
+        sluice_redis::redis::Value::BulkString(b) => Some(String::from_utf8(b).unwrap()),
+        _ => None,
+    };
+    let t = match t {
+        sluice_redis::redis::Value::Int(i) => i,
+        other => panic!("PTTL {other:?}"),
+    };
+    (v, t)
+}
+
+fn policies() -> Vec<Algorithm> {
+    vec![
+        Algorithm::TokenBucket {
+            capacity: 5,
+            rate: Rate::per_second(1),
+        },
+        Algorithm::TokenBucket {
+            capacity: 10,
+            rate: Rate::new(6, 1400),
+        },
+        Algorithm::TokenBucket {
+            capacity: 1_000,
+            rate: Rate::new(1_000_000, 1000),
+        },
+        Algorithm::Gcra {
+            rate: Rate::per_second(5),
+            burst: 2,
+        },
+        Algorithm::Gcra {
+            rate: Rate::new(3, 1000),
+            burst: 0,
+        },
+        Algorithm::Gcra {
+            rate: Rate::new(7, 3),
+            burst: 40,
+        },
+    ]
+}
+
+/// Random batches over 4 keys (so keys repeat within a batch), random costs (0, 1, a few,
+/// beyond the limit) and random clock steps: the one-policy script and the generic one agree
+/// on every field of every decision and on every stored value and TTL.
+async fn one_policy_matches_generic(kind: Kind) {
+    let special = store(kind, "special").await;
+    let generic = store(kind, "generic").await;
+    let mut rng = StdRng::seed_from_u64(14);
+    let keys: Vec<String> = (0..4).map(|k| format!("rl:{{bs{k}}}:p")).collect();
+    for algorithm in policies() {
+        let limit = match &algorithm {
+            Algorithm::TokenBucket { capacity, .. } => *capacity,
+            Algorithm::Gcra { burst, .. } => burst + 1,
+            _ => unreachable!(),
+        };
+        let mut now: u64 = 1_700_000_000_000_000 + rng.random_range(0..1_000_000);
+        for round in 0..60 {
+            now += match rng.random_range(0..4) {
+                0 => 0,
+                1 => rng.random_range(1..2_000),
+                2 => rng.random_range(1..400_000),
+                _ => rng.random_range(1..5_000_000),
+            };
+            let n = rng.random_range(1..24);
+            let picks: Vec<(usize, u64)> = (0..n)
+                .map(|_| {
+                    let cost = match rng.random_range(0..10) {
+                        0 => 0,
+                        1 => limit + 1,
+                        2 => rng.random_range(1..=limit.max(1)),
+                        _ => 1,
+                    };
+                    (rng.random_range(0..keys.len()), cost)
+                })
+                .collect();
+            let items: Vec<CheckItem<'_>> = picks
+                .iter()
+                .map(|&(k, cost)| CheckItem {
+                    key: &keys[k],
+                    algorithm: &algorithm,
+                    cost,
+                })
+                .collect();
+            let a = special.batch_at(&items, now, false).await.unwrap();
+            let b = generic.batch_at(&items, now, true).await.unwrap();
+            assert_eq!(a, b, "{kind:?} {algorithm:?} round {round}: {picks:?}");
+            for key in &keys {
+                let (va, ta) = stored(&special, key).await;
+                let (vb, tb) = stored(&generic, key).await;
+                assert_eq!(va, vb, "{kind:?} {algorithm:?} round {round} {key}");
+                // Written microseconds apart with the same TTL (the test pad included).
+                assert!((ta - tb).abs() < 2_000, "{kind:?} {algorithm:?}: {ta} vs {tb}");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn one_policy_scripts_match_the_generic_batch_field_by_field() {
+    for kind in [Kind::Redis, Kind::Valkey] {
+        one_policy_matches_generic(kind).await;
+    }
+}
+
+/// One key 100 times in one batch at a limit of 10: 10 admitted, each decision the one a
+/// separate call at the same instant makes.
+#[tokio::test]
+async fn a_key_repeated_in_a_batch_decides_as_separate_calls() {
+    for kind in [Kind::Redis, Kind::Valkey] {
+        let batched = store(kind, "rep-b").await;
+        let separate = store(kind, "rep-s").await;
+        let now = 1_700_000_000_000_000u64;
+        for algorithm in [
+            Algorithm::TokenBucket {
+                capacity: 10,
+                rate: Rate::new(1, 3_600_000),
+            },
+            Algorithm::Gcra {
+                rate: Rate::new(1, 3_600_000),
+                burst: 9,
+            },
+        ] {
+            let key = format!("rl:{{rep}}:{}", algorithm.algorithm_kind().lua_code());
+            let items: Vec<CheckItem<'_>> = (0..100)
+                .map(|_| CheckItem {
+                    key: &key,
+                    algorithm: &algorithm,
+                    cost: 1,
+                })
+                .collect();
+            let all = batched.batch_at(&items, now, false).await.unwrap();
+            assert_eq!(all.iter().filter(|d| d.allowed).count(), 10, "{kind:?}");
+            assert!(all[..10].iter().all(|d| d.allowed), "{kind:?}");
+            for (i, d) in all.iter().enumerate() {
+                let alone = separate.batch_at(&items[i..=i], now, true).await.unwrap();
+                assert_eq!(&alone[0], d, "{kind:?} {algorithm:?} item {i}");
+            }
+            assert_eq!(stored(&batched, &key).await.0, stored(&separate, &key).await.0);
+        }
+    }
+}
+
+fn script_calls_on(port: u16) -> u64 {
+    let info = sluice_testkit::servers::redis_cli(port, &["INFO", "commandstats"]);
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Concurrent checks of 300 keys in as many slots (over every master) on a Cluster, 12 per
+/// key at a limit of 5: exactly 5 admitted per key, no error (a CROSSSLOT refusal would be
+/// one), and fewer script calls than checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_batches_span_slots_and_admit_exactly() {
+    let cluster = common::cluster();
+    let s = Arc::new(store(Kind::Cluster, "cb").await);
+    let ports: Vec<u16> = cluster.nodes().iter().map(|n| n.port()).collect();
+    for algorithm in [
+        Algorithm::TokenBucket {
+            capacity: 5,
+            rate: Rate::new(1, 3_600_000),
+        },
+        Algorithm::Gcra {
+            rate: Rate::new(1, 3_600_000),
+            burst: 4,
+        },
+    ] {
+        let before: u64 = ports.iter().map(|&p| script_calls_on(p)).sum();
+        let keys = 300;
+        let calls = (0..keys * 12).map(|i| {
+            let s = Arc::clone(&s);
+            let (key, algorithm) = (format!("rl:{{c{}}}:p", i % keys), algorithm.clone());
+            async move {
+                let d = s
+                    .check(&[CheckItem {
+                        key: &key,
+                        algorithm: &algorithm,
+                        cost: 1,
+                    }])
+                    .await;
+                (i % keys, d)
+            }
+        });
+        let mut admitted = vec![0; keys];
+        for (k, d) in join_all(calls).await {
+            let d = d.unwrap_or_else(|e| panic!("{algorithm:?}: {e}"));
+            admitted[k] += usize::from(d.allowed);
+        }
+        assert!(admitted.iter().all(|&n| n == 5), "{algorithm:?}: {admitted:?}");
+        let calls: u64 = ports.iter().map(|&p| script_calls_on(p)).sum::<u64>() - before;
+        assert!(
+            calls < (keys * 12) as u64 / 2,
+            "{algorithm:?}: {calls} script calls for {} checks",
+            keys * 12
+        );
+    }
+}
