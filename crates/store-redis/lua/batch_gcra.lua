@@ -1,5 +1,5 @@
 -- batch_gcra.lua: GCRA checks of one policy in one call (src/batch.rs; the formulas of
--- gcra.lua, the encoding `g<tat_us>` it reads and writes).
+-- gcra.lua, its state through gcra_state and gcra_value of common.lua).
 --
 -- KEYS     = item keys (see batch_keys for the Cluster form)
 -- ARGV[1]  = now in µs, or "" to read the server clock with TIME
@@ -19,7 +19,6 @@ local function batch_gcra(keys, argv)
   local vals = batch_reads(items)
   local costs = #argv >= at
   local tolerance = t * (burst + 1)
-  local match = string.match
   local tat_of = {}
   local ttl_of = {}
   local order = {}
@@ -32,9 +31,9 @@ local function batch_gcra(keys, argv)
       tat = now
       local v = vals[i]
       if v then
-        local x = match(v, '^g(%d+)$')
+        local x = gcra_state(v)
         if x then
-          tat = tonumber(x)
+          tat = x
         end
       end
     end
@@ -94,7 +93,7 @@ local function batch_gcra(keys, argv)
   end
   for j = 1, #order do
     local key = order[j]
-    call('SET', key, string.format('g%d', tat_of[key]), 'PX', ttl_of[key] + pad)
+    call('SET', key, gcra_value(tat_of[key]), 'PX', ttl_of[key] + pad)
   end
   return out
 end

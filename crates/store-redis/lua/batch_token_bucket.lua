@@ -1,5 +1,5 @@
 -- batch_token_bucket.lua: token-bucket checks of one policy in one call (src/batch.rs; the
--- formulas of token_bucket.lua, the encoding `t<tokens>:<last_ms>` it reads and writes).
+-- formulas of token_bucket.lua, its state through tb_state and tb_value of common.lua).
 --
 -- KEYS     = item keys (see batch_keys for the Cluster form)
 -- ARGV[1]  = now in µs, or "" to read the server clock with TIME
@@ -19,7 +19,6 @@ local function batch_token_bucket(keys, argv)
   local vals = batch_reads(items)
   local costs = #argv >= at
   local full = cap * p
-  local match = string.match
   local tokens_of = {}
   local ttl_of = {}
   local order = {}
@@ -32,10 +31,9 @@ local function batch_token_bucket(keys, argv)
       tokens = full
       local v = vals[i]
       if v then
-        local t, last = match(v, '^t(%d+):(%d+)$')
+        local t, last = tb_state(v)
         if t then
-          t = tonumber(t)
-          local elapsed = now_ms - tonumber(last)
+          local elapsed = now_ms - last
           if elapsed < 0 then
             elapsed = 0
           end
@@ -84,7 +82,7 @@ local function batch_token_bucket(keys, argv)
   end
   for j = 1, #order do
     local key = order[j]
-    call('SET', key, string.format('t%d:%d', tokens_of[key], now_ms), 'PX', ttl_of[key] + pad)
+    call('SET', key, tb_value(tokens_of[key], now_ms), 'PX', ttl_of[key] + pad)
   end
   return out
 end

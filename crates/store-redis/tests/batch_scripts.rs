@@ -26,7 +26,7 @@ async fn store(kind: Kind, tag: &str) -> RedisStore {
 }
 
 /// The stored value and PTTL of `key` on a standalone server.
-async fn stored(store: &RedisStore, key: &str) -> (Option<String>, i64) {
+async fn stored(store: &RedisStore, key: &str) -> (Option<Vec<u8>>, i64) {
     let k = store.server_key(key);
     let mut get = sluice_redis::redis::cmd("GET");
     get.arg(&k);
@@ -35,7 +35,7 @@ async fn stored(store: &RedisStore, key: &str) -> (Option<String>, i64) {
     ttl.arg(&k);
     let t = store.command(&ttl).await.unwrap();
     let v = match v {
-        sluice_redis::redis::Value::BulkString(b) => Some(String::from_utf8(b).unwrap()),
+        sluice_redis::redis::Value::BulkString(b) => Some(b),
         _ => None,
     };
     let t = match t {
@@ -229,5 +229,49 @@ async fn cluster_batches_span_slots_and_admit_exactly() {
             "{algorithm:?}: {calls} script calls for {} checks",
             keys * 12
         );
+    }
+}
+
+/// States written in the earlier text encoding (`t<units>:<last_ms>`, `g<tat_us>`) are read
+/// by every path, so a deployment upgrades in place; the next write packs them.
+#[tokio::test]
+async fn states_in_the_earlier_text_encoding_are_read() {
+    for kind in [Kind::Redis, Kind::Valkey] {
+        let s = store(kind, "text").await;
+        let now_us = 1_700_000_000_000_000u64;
+        let hour = 3_600_000u64;
+        let tb = Algorithm::TokenBucket {
+            capacity: 10,
+            rate: Rate::new(1, hour),
+        };
+        let gcra = Algorithm::Gcra {
+            rate: Rate::new(1, hour),
+            burst: 9,
+        };
+        let t_us = hour * 1000;
+        for generic in [false, true] {
+            // 3 tokens left (one token = 3,600,000 units); 5 of 10 GCRA slots used.
+            let text = [
+                ("rl:{old}:tb", format!("t{}:{}", 3 * hour, now_us / 1000), &tb, 2),
+                ("rl:{old}:g", format!("g{}", now_us + 5 * t_us), &gcra, 4),
+            ];
+            for (key, value, algorithm, remaining) in text {
+                let mut set = sluice_redis::redis::cmd("SET");
+                set.arg(s.server_key(key)).arg(&value).arg("PX").arg(600_000);
+                s.command(&set).await.unwrap();
+                let item = [CheckItem {
+                    key,
+                    algorithm,
+                    cost: 1,
+                }];
+                let d = s.batch_at(&item, now_us, generic).await.unwrap();
+                assert!(d[0].allowed, "{kind:?} {value}");
+                assert_eq!(d[0].remaining, remaining, "{kind:?} {value} generic={generic}");
+                let (packed, _) = stored(&s, key).await;
+                assert_ne!(packed.as_deref(), Some(value.as_bytes()), "{kind:?}");
+                let again = s.batch_at(&item, now_us, !generic).await.unwrap();
+                assert_eq!(again[0].remaining, remaining - 1, "{kind:?} {value}");
+            }
+        }
     }
 }
