@@ -7,10 +7,45 @@
 -- what separate one-item calls arriving in the same microsecond would leave, since an item
 -- of the batch sees the state the batch's earlier items on its key left.
 
--- The item keys and the ARGV index after them. ARGV[at] = m: how many item keys follow in
+-- math.floor, looked up when a batch starts (see batch_keys).
+local mfloor
+
+-- fdiv and cdiv of common.lua with one call less each, and free when b = 1 (a rate reduced to
+-- one unit per ms): the divisions are most of a batched decision's own Lua.
+local function bfdiv(a, b)
+  if b == 1 then
+    return a
+  end
+  local q = mfloor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+local function bcdiv(a, b)
+  if b == 1 then
+    return a
+  end
+  local q = mfloor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  if q * b < a then
+    q = q + 1
+  end
+  return q
+end
+
+-- The item keys and the ARGV index after them (called first by every batch). ARGV[at] = m: how many item keys follow in
 -- ARGV after those in KEYS (a Cluster node's batch names one key in KEYS, which routes the
 -- call, and the rest in ARGV: they are in other slots of the same node).
 local function batch_keys(keys, argv, at)
+  mfloor = math.floor
   local m = tonumber(argv[at])
   if m == 0 then
     return keys, at + 1

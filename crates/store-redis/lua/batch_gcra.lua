@@ -56,10 +56,10 @@ local function batch_gcra(keys, argv)
       local nxt = tolerance - ttl
       local remaining = 0
       if nxt > 0 then
-        remaining = fdiv(nxt, t)
+        remaining = bfdiv(nxt, t)
       end
       if increment <= tolerance then
-        local retry = cdiv(-diff, 1000)
+        local retry = bcdiv(-diff, 1000)
         if retry < 1 then
           retry = 1
         end
@@ -68,15 +68,15 @@ local function batch_gcra(keys, argv)
         out[o + 1] = -1
       end
       out[o + 2] = remaining
-      out[o + 3] = cdiv(ttl, 1000)
+      out[o + 3] = bcdiv(ttl, 1000)
     else
       local ttl = new_tat - now
       local nxt = tolerance - ttl
       local remaining = 0
       if nxt > 0 then
-        remaining = fdiv(nxt, t)
+        remaining = bfdiv(nxt, t)
       end
-      local reset = cdiv(ttl, 1000)
+      local reset = bcdiv(ttl, 1000)
       out[o + 1] = 0
       out[o + 2] = remaining
       out[o + 3] = reset

@@ -41,7 +41,7 @@ local function batch_token_bucket(keys, argv)
           if missing < 0 then
             missing = 0
           end
-          if elapsed < cdiv(missing, r) then
+          if elapsed < bcdiv(missing, r) then
             tokens = t + elapsed * r
           end
         end
@@ -54,21 +54,21 @@ local function batch_token_bucket(keys, argv)
     local need = cost * p
     if cost > cap then
       out[o + 1] = -1
-      out[o + 2] = fdiv(tokens, p)
-      out[o + 3] = cdiv(full - tokens, r)
+      out[o + 2] = bfdiv(tokens, p)
+      out[o + 3] = bcdiv(full - tokens, r)
     elseif tokens < need then
-      local retry = cdiv(need - tokens, r)
+      local retry = bcdiv(need - tokens, r)
       if retry < 1 then
         retry = 1
       end
       out[o + 1] = retry
-      out[o + 2] = fdiv(tokens, p)
-      out[o + 3] = cdiv(full - tokens, r)
+      out[o + 2] = bfdiv(tokens, p)
+      out[o + 3] = bcdiv(full - tokens, r)
     else
       tokens = tokens - need
-      local reset = cdiv(full - tokens, r)
+      local reset = bcdiv(full - tokens, r)
       out[o + 1] = 0
-      out[o + 2] = fdiv(tokens, p)
+      out[o + 2] = bfdiv(tokens, p)
       out[o + 3] = reset
       if cost > 0 then
         if ttl_of[key] == nil then
