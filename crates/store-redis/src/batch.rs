@@ -55,6 +55,21 @@ pub(crate) enum BatchScript {
     TokenBucket,
     /// `lua/batch_gcra.lua`: one GCRA policy.
     Gcra,
+    /// `lua/batch_fixed_window.lua`: one fixed-window policy (calendar windows included).
+    FixedWindow,
+    /// `lua/batch_leaky_bucket.lua`: one leaky-bucket policy.
+    LeakyBucket,
+}
+
+impl BatchScript {
+    /// Reply integers per item.
+    fn width(self) -> usize {
+        match self {
+            BatchScript::Generic => ROW,
+            BatchScript::LeakyBucket => 4,
+            _ => 3,
+        }
+    }
 }
 
 /// Runs a batch script under the store's per-call timeout: `(script, items, keys, args)` ->
@@ -131,6 +146,10 @@ fn one_policy_script(algorithm: &Algorithm) -> Option<BatchScript> {
     match algorithm {
         Algorithm::TokenBucket { .. } => Some(BatchScript::TokenBucket),
         Algorithm::Gcra { .. } => Some(BatchScript::Gcra),
+        Algorithm::FixedWindow { .. } | Algorithm::CalendarWindow { .. } => {
+            Some(BatchScript::FixedWindow)
+        }
+        Algorithm::LeakyBucket { .. } => Some(BatchScript::LeakyBucket),
         _ => None,
     }
 }
@@ -182,6 +201,21 @@ pub(crate) fn encode(
             let t = protocol::emission_interval_us(rate.amount, rate.per_ms);
             args.extend([t, burst].map(|v| v.to_string()));
         }
+        Algorithm::FixedWindow { limit, window_ms } => {
+            args.extend([limit, window_ms, 0].map(|v| v.to_string()));
+        }
+        Algorithm::CalendarWindow { limit, period } => {
+            args.extend([limit, period.max_ms(), period.lua_code()].map(|v| v.to_string()));
+        }
+        Algorithm::LeakyBucket {
+            capacity,
+            rate,
+            mode,
+        } => {
+            let r = rate.reduced();
+            let shaping = u64::from(mode == sluice_core::LeakyMode::Shaping);
+            args.extend([capacity, r.amount, r.per_ms, shaping].map(|v| v.to_string()));
+        }
         _ => unreachable!("no one-policy script for {:?}", items[0].algorithm),
     }
     let keys = if cluster {
@@ -205,7 +239,7 @@ pub(crate) fn decode(
     items: &[&Item],
     flat: &[i64],
 ) -> Result<Vec<[i64; ROW]>, StoreError> {
-    let width = if script == BatchScript::Generic { ROW } else { 3 };
+    let width = script.width();
     if flat.len() != items.len() * width {
         return Err(StoreError::Backend(format!(
             "batch script returned {} integers for {} items",
@@ -226,14 +260,21 @@ pub(crate) fn decode(
     let limit = match items.first().map(|i| &i.algorithm) {
         Some(Algorithm::TokenBucket { capacity, .. }) => *capacity as i64,
         Some(Algorithm::Gcra { burst, .. }) => *burst as i64 + 1,
+        Some(
+            Algorithm::FixedWindow { limit, .. } | Algorithm::CalendarWindow { limit, .. },
+        ) => *limit as i64,
+        Some(Algorithm::LeakyBucket { capacity, .. }) => *capacity as i64,
         _ => 0,
     };
     Ok(flat
-        .chunks_exact(3)
-        .map(|r| match r[0] {
-            0 => [1, limit, r[1], 0, r[2], 0, 0],
-            -1 => [0, limit, r[1], 0, r[2], 0, 2],
-            retry => [0, limit, r[1], retry, r[2], 0, 1],
+        .chunks_exact(width)
+        .map(|r| {
+            let delay = if width > 3 { r[3] } else { 0 };
+            match r[0] {
+                0 => [1, limit, r[1], 0, r[2], delay, 0],
+                -1 => [0, limit, r[1], 0, r[2], 0, 2],
+                retry => [0, limit, r[1], retry, r[2], 0, 1],
+            }
         })
         .collect())
 }

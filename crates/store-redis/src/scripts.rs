@@ -95,17 +95,21 @@ macro_rules! one_policy_batch {
     };
 }
 
-/// Token-bucket checks of one policy in one call, standalone.
-pub(crate) const BATCH_TOKEN_BUCKET: &str =
-    one_policy_batch!("batch_token_bucket.lua", "batch_token_bucket", standalone);
-/// GCRA checks of one policy in one call, standalone.
-pub(crate) const BATCH_GCRA: &str = one_policy_batch!("batch_gcra.lua", "batch_gcra", standalone);
-/// Token-bucket checks of one policy in one call on one Cluster node.
-pub(crate) const CLUSTER_BATCH_TOKEN_BUCKET: &str =
-    one_policy_batch!("batch_token_bucket.lua", "batch_token_bucket", cluster);
-/// GCRA checks of one policy in one call on one Cluster node.
-pub(crate) const CLUSTER_BATCH_GCRA: &str =
-    one_policy_batch!("batch_gcra.lua", "batch_gcra", cluster);
+/// Checks of one policy in one call, standalone: token bucket, GCRA, fixed window, leaky
+/// bucket (the order of `BatchScript`'s one-policy variants).
+pub(crate) const BATCHES: [&str; 4] = [
+    one_policy_batch!("batch_token_bucket.lua", "batch_token_bucket", standalone),
+    one_policy_batch!("batch_gcra.lua", "batch_gcra", standalone),
+    one_policy_batch!("batch_fixed_window.lua", "batch_fixed_window", standalone),
+    one_policy_batch!("batch_leaky_bucket.lua", "batch_leaky_bucket", standalone),
+];
+/// The same on one Cluster node.
+pub(crate) const CLUSTER_BATCHES: [&str; 4] = [
+    one_policy_batch!("batch_token_bucket.lua", "batch_token_bucket", cluster),
+    one_policy_batch!("batch_gcra.lua", "batch_gcra", cluster),
+    one_policy_batch!("batch_fixed_window.lua", "batch_fixed_window", cluster),
+    one_policy_batch!("batch_leaky_bucket.lua", "batch_leaky_bucket", cluster),
+];
 
 /// The Lua file implementing `kind` (registering `CHECK.<lua_code>`).
 pub fn algorithm_source(kind: AlgorithmKind) -> &'static str {

@@ -71,7 +71,41 @@ fn policies() -> Vec<Algorithm> {
             rate: Rate::new(7, 3),
             burst: 40,
         },
+        Algorithm::FixedWindow {
+            limit: 5,
+            window_ms: 1000,
+        },
+        Algorithm::FixedWindow {
+            limit: 30,
+            window_ms: 700,
+        },
+        Algorithm::CalendarWindow {
+            limit: 6,
+            period: sluice_core::algorithm::calendar::CalendarPeriod::Day,
+        },
+        Algorithm::LeakyBucket {
+            capacity: 4,
+            rate: Rate::per_second(2),
+            mode: sluice_core::LeakyMode::Policing,
+        },
+        Algorithm::LeakyBucket {
+            capacity: 3,
+            rate: Rate::new(5, 300),
+            mode: sluice_core::LeakyMode::Shaping,
+        },
     ]
+}
+
+/// The most a policy admits at once.
+fn limit_of(algorithm: &Algorithm) -> u64 {
+    match algorithm {
+        Algorithm::TokenBucket { capacity, .. } | Algorithm::LeakyBucket { capacity, .. } => {
+            *capacity
+        }
+        Algorithm::Gcra { burst, .. } => burst + 1,
+        Algorithm::FixedWindow { limit, .. } | Algorithm::CalendarWindow { limit, .. } => *limit,
+        other => unreachable!("{other:?}"),
+    }
 }
 
 /// Random batches over 4 keys (so keys repeat within a batch), random costs (0, 1, a few,
@@ -83,11 +117,7 @@ async fn one_policy_matches_generic(kind: Kind) {
     let mut rng = StdRng::seed_from_u64(14);
     let keys: Vec<String> = (0..4).map(|k| format!("rl:{{bs{k}}}:p")).collect();
     for algorithm in policies() {
-        let limit = match &algorithm {
-            Algorithm::TokenBucket { capacity, .. } => *capacity,
-            Algorithm::Gcra { burst, .. } => burst + 1,
-            _ => unreachable!(),
-        };
+        let limit = limit_of(&algorithm);
         let mut now: u64 = 1_700_000_000_000_000 + rng.random_range(0..1_000_000);
         for round in 0..60 {
             now += match rng.random_range(0..4) {
@@ -154,6 +184,15 @@ async fn a_key_repeated_in_a_batch_decides_as_separate_calls() {
                 rate: Rate::new(1, 3_600_000),
                 burst: 9,
             },
+            Algorithm::FixedWindow {
+                limit: 10,
+                window_ms: 3_600_000,
+            },
+            Algorithm::LeakyBucket {
+                capacity: 10,
+                rate: Rate::new(1, 3_600_000),
+                mode: sluice_core::LeakyMode::Shaping,
+            },
         ] {
             let key = format!("rl:{{rep}}:{}", algorithm.algorithm_kind().lua_code());
             let items: Vec<CheckItem<'_>> = (0..100)
@@ -199,6 +238,15 @@ async fn cluster_batches_span_slots_and_admit_exactly() {
         Algorithm::Gcra {
             rate: Rate::new(1, 3_600_000),
             burst: 4,
+        },
+        Algorithm::FixedWindow {
+            limit: 5,
+            window_ms: 3_600_000,
+        },
+        Algorithm::LeakyBucket {
+            capacity: 5,
+            rate: Rate::new(1, 3_600_000),
+            mode: sluice_core::LeakyMode::Policing,
         },
     ] {
         let before: u64 = ports.iter().map(|&p| script_calls_on(p)).sum();

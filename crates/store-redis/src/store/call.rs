@@ -169,12 +169,18 @@ fn shows_life(r: &Result<Value, RedisError>) -> bool {
 pub(super) fn batch_runner(conn: Conn, timeout: Duration, cluster: bool) -> crate::batch::Runner {
     use crate::batch::BatchScript;
     let generic = Lua::new(scripts::BATCH);
-    let (tb, gcra) = if cluster {
-        (scripts::CLUSTER_BATCH_TOKEN_BUCKET, scripts::CLUSTER_BATCH_GCRA)
+    let one_policy = if cluster {
+        scripts::CLUSTER_BATCHES
     } else {
-        (scripts::BATCH_TOKEN_BUCKET, scripts::BATCH_GCRA)
+        scripts::BATCHES
     };
-    let luas = Arc::new([generic, Lua::new(tb), Lua::new(gcra)]);
+    let luas = Arc::new([
+        generic,
+        Lua::new(one_policy[0]),
+        Lua::new(one_policy[1]),
+        Lua::new(one_policy[2]),
+        Lua::new(one_policy[3]),
+    ]);
     Arc::new(move |script: BatchScript, items: usize, keys: Vec<String>, args: Vec<String>| {
         let (conn, luas) = (conn.clone(), Arc::clone(&luas));
         let timeout = batch_timeout(timeout, items);
@@ -182,6 +188,8 @@ pub(super) fn batch_runner(conn: Conn, timeout: Duration, cluster: bool) -> crat
             BatchScript::Generic => 0,
             BatchScript::TokenBucket => 1,
             BatchScript::Gcra => 2,
+            BatchScript::FixedWindow => 3,
+            BatchScript::LeakyBucket => 4,
         };
         Box::pin(async move {
             invoke_timed(&conn, ScriptMode::Eval, timeout, &luas[i], "", keys, args).await
