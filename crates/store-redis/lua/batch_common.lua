@@ -63,12 +63,22 @@ end
 
 -- The stored value of every item key (false when missing or of another type). A standalone
 -- server reads them with one MGET (which answers nil for a key of another type); a Cluster
--- node reads each key on its own, since a command's keys must share one slot.
+-- node reads each key on its own, since a command's keys must share one slot. Any error but
+-- WRONGTYPE ends the call here, before anything is written: a key whose slot this node no
+-- longer serves ("non local key") must fail the whole batch, which the client then decides
+-- again one item per call, not read as absent.
 local function batch_reads(items)
   if BATCH_PER_KEY_READS then
     local vals = {}
     for i = 1, #items do
-      vals[i] = get_string(items[i]) or false
+      local v = pcall_('GET', items[i])
+      if type(v) == 'string' then
+        vals[i] = v
+      elseif type(v) == 'table' and v.err and not string.find(v.err, 'WRONGTYPE', 1, true) then
+        error(v)
+      else
+        vals[i] = false
+      end
     end
     return vals
   end

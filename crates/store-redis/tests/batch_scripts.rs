@@ -323,3 +323,71 @@ async fn states_in_the_earlier_text_encoding_are_read() {
         }
     }
 }
+
+/// A slot moved to another master after the store read the Cluster's node map: batches
+/// grouped by the stale map reach a node that refuses the moved keys; those parts are
+/// decided again one item per call (which follow MOVED), and every key still admits exactly
+/// its limit, with no error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_moved_after_connect_is_decided_exactly() {
+    use sluice_core::key::key_slot;
+    let cluster = sluice_testkit::servers::RedisCluster::start();
+    let s = Arc::new(
+        RedisStore::builder(cluster.url())
+            .timeout(Duration::from_secs(10))
+            .namespace(namespace("moved"))
+            .connect()
+            .await
+            .expect("connect"),
+    );
+    let moved = key_slot(b"{m0}");
+    let from = cluster.master_of_slot(moved).expect("an owner");
+    let to = [0u16, 8_000, 16_000]
+        .into_iter()
+        .filter_map(|slot| cluster.master_of_slot(slot))
+        .find(|&m| m != from)
+        .expect("another master");
+    let masters: Vec<usize> = [0u16, 6_000, 12_000]
+        .into_iter()
+        .filter_map(|slot| cluster.master_of_slot(slot))
+        .collect();
+    let to_id = cluster.nodes()[to].cli(&["CLUSTER", "MYID"]).trim().to_string();
+    let slot = moved.to_string();
+    cluster.nodes()[to].cli(&["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]);
+    cluster.nodes()[to].cli(&["CLUSTER", "BUMPEPOCH"]);
+    for &m in &masters {
+        cluster.nodes()[m].cli(&["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while cluster.master_of_slot(moved) != Some(to) {
+        assert!(std::time::Instant::now() < deadline, "the slot did not move");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster.wait_ok(Duration::from_secs(20));
+    let algorithm = Algorithm::TokenBucket {
+        capacity: 5,
+        rate: Rate::new(1, 3_600_000),
+    };
+    // {m0} (moved) among 120 keys, most of them on the masters the stale map still knows.
+    let keys = 120;
+    let calls = (0..keys * 12).map(|i| {
+        let s = Arc::clone(&s);
+        let (key, algorithm) = (format!("rl:{{m{}}}:p", i % keys), algorithm.clone());
+        async move {
+            let d = s
+                .check(&[CheckItem {
+                    key: &key,
+                    algorithm: &algorithm,
+                    cost: 1,
+                }])
+                .await;
+            (i % keys, d)
+        }
+    });
+    let mut admitted = vec![0; keys];
+    for (k, d) in join_all(calls).await {
+        let d = d.unwrap_or_else(|e| panic!("key {k}: {e}"));
+        admitted[k] += usize::from(d.allowed);
+    }
+    assert!(admitted.iter().all(|&n| n == 5), "{admitted:?}");
+}
