@@ -41,14 +41,18 @@ local function bcdiv(a, b)
   return q
 end
 
--- The item keys and the ARGV index after them (called first by every batch). ARGV[at] = m: how many item keys follow in
--- ARGV after those in KEYS (a Cluster node's batch names one key in KEYS, which routes the
--- call, and the rest in ARGV: they are in other slots of the same node).
+-- The item keys, whether they are distinct, and the ARGV index after them (called first by
+-- every batch). ARGV[at] = 1 when the client saw every key once in the batch (each is then
+-- decided and written on its own, with no per-key bookkeeping), else 0. ARGV[at + 1] = m:
+-- how many item keys follow in ARGV after those in KEYS (a Cluster node's batch names one
+-- key in KEYS, which routes the call, and the rest in ARGV: they are in other slots of the
+-- same node).
 local function batch_keys(keys, argv, at)
   mfloor = math.floor
-  local m = tonumber(argv[at])
+  local distinct = argv[at] == '1'
+  local m = tonumber(argv[at + 1])
   if m == 0 then
-    return keys, at + 1
+    return keys, distinct, at + 2
   end
   local all = {}
   local n = #keys
@@ -56,9 +60,9 @@ local function batch_keys(keys, argv, at)
     all[i] = keys[i]
   end
   for j = 1, m do
-    all[n + j] = argv[at + j]
+    all[n + j] = argv[at + 1 + j]
   end
-  return all, at + 1 + m
+  return all, distinct, at + 2 + m
 end
 
 -- The stored value of every item key (false when missing or of another type). A standalone

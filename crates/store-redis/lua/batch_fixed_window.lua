@@ -5,7 +5,8 @@
 -- ARGV[1]  = now in µs, or "" to read the server clock with TIME
 -- ARGV[2]  = TTL padding in ms added to every write
 -- ARGV[3], ARGV[4], ARGV[5] = L, W (ms), calendar period (fixed_window.lua's p1, p2, p3)
--- ARGV[6]  = m, then m more item keys (Cluster form; 0 otherwise)
+-- ARGV[6]  = 1 when every key is distinct, else 0 (see batch_keys)
+-- ARGV[7]  = m, then m more item keys (Cluster form; 0 otherwise)
 -- then the cost of each item, or nothing when every item costs 1
 -- Returns 3 integers per item: verdict (0 admitted, n > 0 limited with retry after n ms,
 -- -1 the cost exceeds the limit), remaining, reset_after_ms.
@@ -15,7 +16,7 @@ local function batch_fixed_window(keys, argv)
   local now0 = floor(now_us(argv[1]) / 1000)
   local pad = tonumber(argv[2])
   local limit, w, calendar = tonumber(argv[3]), tonumber(argv[4]), tonumber(argv[5])
-  local items, at = batch_keys(keys, argv, 6)
+  local items, distinct, at = batch_keys(keys, argv, 6)
   local vals = batch_reads(items)
   local costs = #argv >= at
   local match = string.match
@@ -28,7 +29,10 @@ local function batch_fixed_window(keys, argv)
   local o = 0
   for i = 1, #items do
     local key = items[i]
-    local stored = start_of[key]
+    local stored = nil
+    if not distinct then
+      stored = start_of[key]
+    end
     local count
     if stored == nil then
       stored, count = false, 0
@@ -88,14 +92,20 @@ local function batch_fixed_window(keys, argv)
       out[o + 3] = reset
       if cost > 0 then
         stored, count = start, after
-        if ttl_of[key] == nil then
-          order[#order + 1] = key
+        if distinct then
+          call('SET', key, string.format('f%d:%d', start, after), 'PX', left + pad)
+        else
+          if ttl_of[key] == nil then
+            order[#order + 1] = key
+          end
+          ttl_of[key] = left
         end
-        ttl_of[key] = left
       end
     end
-    start_of[key] = stored
-    count_of[key] = count
+    if not distinct then
+      start_of[key] = stored
+      count_of[key] = count
+    end
     o = o + 3
   end
   for j = 1, #order do

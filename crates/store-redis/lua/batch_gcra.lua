@@ -5,7 +5,8 @@
 -- ARGV[1]  = now in µs, or "" to read the server clock with TIME
 -- ARGV[2]  = TTL padding in ms added to every write
 -- ARGV[3], ARGV[4] = T (µs), burst (gcra.lua's p1, p2)
--- ARGV[5]  = m, then m more item keys (Cluster form; 0 otherwise)
+-- ARGV[5]  = 1 when every key is distinct, else 0 (see batch_keys)
+-- ARGV[6]  = m, then m more item keys (Cluster form; 0 otherwise)
 -- then the cost of each item, or nothing when every item costs 1
 -- Returns 3 integers per item: verdict (0 admitted, n > 0 limited with retry after n ms,
 -- -1 the cost exceeds the burst), remaining, reset_after_ms.
@@ -15,7 +16,7 @@ local function batch_gcra(keys, argv)
   local now = now_us(argv[1])
   local pad = tonumber(argv[2])
   local t, burst = tonumber(argv[3]), tonumber(argv[4])
-  local items, at = batch_keys(keys, argv, 5)
+  local items, distinct, at = batch_keys(keys, argv, 5)
   local vals = batch_reads(items)
   local costs = #argv >= at
   local tolerance = t * (burst + 1)
@@ -26,7 +27,10 @@ local function batch_gcra(keys, argv)
   local o = 0
   for i = 1, #items do
     local key = items[i]
-    local tat = tat_of[key]
+    local tat = nil
+    if not distinct then
+      tat = tat_of[key]
+    end
     if tat == nil then
       tat = now
       local v = vals[i]
@@ -82,13 +86,19 @@ local function batch_gcra(keys, argv)
       out[o + 3] = reset
       if cost > 0 then
         tat = new_tat
-        if ttl_of[key] == nil then
-          order[#order + 1] = key
+        if distinct then
+          call('SET', key, gcra_value(tat), 'PX', reset + pad)
+        else
+          if ttl_of[key] == nil then
+            order[#order + 1] = key
+          end
+          ttl_of[key] = reset
         end
-        ttl_of[key] = reset
       end
     end
-    tat_of[key] = tat
+    if not distinct then
+      tat_of[key] = tat
+    end
     o = o + 3
   end
   for j = 1, #order do

@@ -5,7 +5,8 @@
 -- ARGV[1]  = now in µs, or "" to read the server clock with TIME
 -- ARGV[2]  = TTL padding in ms added to every write
 -- ARGV[3..6] = C, R, P, shaping (leaky_bucket.lua's p1..p4)
--- ARGV[7]  = m, then m more item keys (Cluster form; 0 otherwise)
+-- ARGV[7]  = 1 when every key is distinct, else 0 (see batch_keys)
+-- ARGV[8]  = m, then m more item keys (Cluster form; 0 otherwise)
 -- then the cost of each item, or nothing when every item costs 1
 -- Returns 4 integers per item: verdict (0 admitted, n > 0 limited with retry after n ms,
 -- -1 the cost exceeds the capacity), remaining, reset_after_ms, delay_ms.
@@ -16,7 +17,7 @@ local function batch_leaky_bucket(keys, argv)
   local pad = tonumber(argv[2])
   local cap, r, p = tonumber(argv[3]), tonumber(argv[4]), tonumber(argv[5])
   local shaping = tonumber(argv[6]) == 1
-  local items, at = batch_keys(keys, argv, 7)
+  local items, distinct, at = batch_keys(keys, argv, 7)
   local vals = batch_reads(items)
   local costs = #argv >= at
   local full = cap * p
@@ -28,7 +29,10 @@ local function batch_leaky_bucket(keys, argv)
   local o = 0
   for i = 1, #items do
     local key = items[i]
-    local level = level_of[key]
+    local level = nil
+    if not distinct then
+      level = level_of[key]
+    end
     if level == nil then
       level = 0
       local v = vals[i]
@@ -78,13 +82,19 @@ local function batch_leaky_bucket(keys, argv)
       out[o + 4] = delay
       if cost > 0 then
         level = after
-        if ttl_of[key] == nil then
-          order[#order + 1] = key
+        if distinct then
+          call('SET', key, string.format('l%d:%d', level, now_ms), 'PX', reset + pad)
+        else
+          if ttl_of[key] == nil then
+            order[#order + 1] = key
+          end
+          ttl_of[key] = reset
         end
-        ttl_of[key] = reset
       end
     end
-    level_of[key] = level
+    if not distinct then
+      level_of[key] = level
+    end
     o = o + 4
   end
   for j = 1, #order do

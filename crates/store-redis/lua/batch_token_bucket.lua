@@ -5,7 +5,8 @@
 -- ARGV[1]  = now in µs, or "" to read the server clock with TIME
 -- ARGV[2]  = TTL padding in ms added to every write
 -- ARGV[3], ARGV[4], ARGV[5] = C, R, P (token_bucket.lua's p1, p2, p3)
--- ARGV[6]  = m, then m more item keys (Cluster form; 0 otherwise)
+-- ARGV[6]  = 1 when every key is distinct, else 0 (see batch_keys)
+-- ARGV[7]  = m, then m more item keys (Cluster form; 0 otherwise)
 -- then the cost of each item, or nothing when every item costs 1
 -- Returns 3 integers per item: verdict (0 admitted, n > 0 limited with retry after n ms,
 -- -1 the cost exceeds the capacity), remaining, reset_after_ms.
@@ -15,7 +16,7 @@ local function batch_token_bucket(keys, argv)
   local now_ms = floor(now_us(argv[1]) / 1000)
   local pad = tonumber(argv[2])
   local cap, r, p = tonumber(argv[3]), tonumber(argv[4]), tonumber(argv[5])
-  local items, at = batch_keys(keys, argv, 6)
+  local items, distinct, at = batch_keys(keys, argv, 6)
   local vals = batch_reads(items)
   local costs = #argv >= at
   local full = cap * p
@@ -26,7 +27,10 @@ local function batch_token_bucket(keys, argv)
   local o = 0
   for i = 1, #items do
     local key = items[i]
-    local tokens = tokens_of[key]
+    local tokens = nil
+    if not distinct then
+      tokens = tokens_of[key]
+    end
     if tokens == nil then
       tokens = full
       local v = vals[i]
@@ -71,13 +75,19 @@ local function batch_token_bucket(keys, argv)
       out[o + 2] = bfdiv(tokens, p)
       out[o + 3] = reset
       if cost > 0 then
-        if ttl_of[key] == nil then
-          order[#order + 1] = key
+        if distinct then
+          call('SET', key, tb_value(tokens, now_ms), 'PX', reset + pad)
+        else
+          if ttl_of[key] == nil then
+            order[#order + 1] = key
+          end
+          ttl_of[key] = reset
         end
-        ttl_of[key] = reset
       end
     end
-    tokens_of[key] = tokens
+    if not distinct then
+      tokens_of[key] = tokens
+    end
     o = o + 3
   end
   for j = 1, #order do

@@ -24,7 +24,7 @@
 //! Only standalone servers in script mode with the server's clock use it (every key of a
 //! batch must be on one node; an injected clock gives each call its own `now`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -218,6 +218,11 @@ pub(crate) fn encode(
         }
         _ => unreachable!("no one-policy script for {:?}", items[0].algorithm),
     }
+    // Every key once (the common case on a large keyspace): the script skips its per-key
+    // bookkeeping.
+    let mut seen = HashSet::with_capacity(items.len());
+    let distinct = items.iter().all(|i| seen.insert(i.key.as_str()));
+    args.push(if distinct { "1" } else { "0" }.to_string());
     let keys = if cluster {
         args.push((items.len() - 1).to_string());
         args.extend(items[1..].iter().map(|i| i.key.clone()));

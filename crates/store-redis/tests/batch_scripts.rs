@@ -126,16 +126,27 @@ async fn one_policy_matches_generic(kind: Kind) {
                 2 => rng.random_range(1..400_000),
                 _ => rng.random_range(1..5_000_000),
             };
-            let n = rng.random_range(1..24);
+            // Every third batch names each key once (the script's distinct-keys path).
+            let distinct = round % 3 == 0;
+            let n = if distinct {
+                rng.random_range(1..=keys.len())
+            } else {
+                rng.random_range(1..24)
+            };
             let picks: Vec<(usize, u64)> = (0..n)
-                .map(|_| {
+                .map(|j| {
                     let cost = match rng.random_range(0..10) {
                         0 => 0,
                         1 => limit + 1,
                         2 => rng.random_range(1..=limit.max(1)),
                         _ => 1,
                     };
-                    (rng.random_range(0..keys.len()), cost)
+                    let k = if distinct {
+                        j
+                    } else {
+                        rng.random_range(0..keys.len())
+                    };
+                    (k, cost)
                 })
                 .collect();
             let items: Vec<CheckItem<'_>> = picks
