@@ -3,10 +3,20 @@
 //! Entering Lua and reading `TIME` cost Redis more than a decision itself (see
 //! `docs/benchmarks.md`), so when many checks are in flight at once their items are sent
 //! together: each check queues its item; a background task takes whatever has queued while
-//! earlier batches were in flight (at most [`MAX_IN_FLIGHT`] batches at once) and runs
-//! `lua/batch.lua`, which decides every item on its own, in order, exactly as separate calls
-//! arriving in the same microsecond would be decided. A lone check goes out at once as a batch
-//! of one: batching never waits for company.
+//! earlier batches were in flight (at most [`MAX_IN_FLIGHT`] batches at once) and sends them
+//! in one script call, which decides every item on its own, in order, exactly as separate
+//! calls arriving in the same microsecond would be decided. A lone check goes out at once as a
+//! batch of one: batching never waits for company.
+//!
+//! A batch of one policy (the common case: one limit on many identities) goes to that
+//! algorithm's own script (`lua/batch_<algorithm>.lua`): the parameters once per call, per
+//! item only the key (and the cost when any item costs more than 1), one `MGET`, and one
+//! write per distinct key, since the per-item dispatch and argument parsing of the generic
+//! `lua/batch.lua` cost Redis more than the decision. Mixed batches keep `lua/batch.lua`.
+//!
+//! On a Cluster a batch is split per node and policy, one call each (see the one-policy
+//! scripts' Cluster form and `docs/redis.md`); only algorithms with a one-policy script are
+//! batched there.
 //!
 //! Overload is not failure. The store's timeout bounds the script call alone (the runner
 //! applies it, once per [`MIN_BATCH`] items of the batch), never the time an item spends in
@@ -21,8 +31,8 @@
 //! caller stopped waiting) hands its lease to the [`Compensator`], which releases it once the
 //! server answers again.
 //!
-//! Only standalone servers in script mode with the server's clock use it (every key of a
-//! batch must be on one node; an injected clock gives each call its own `now`).
+//! Only script mode with the server's clock uses it (an injected clock gives each call its
+//! own `now`).
 
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
@@ -265,9 +275,9 @@ pub(crate) fn decode(
     let limit = match items.first().map(|i| &i.algorithm) {
         Some(Algorithm::TokenBucket { capacity, .. }) => *capacity as i64,
         Some(Algorithm::Gcra { burst, .. }) => *burst as i64 + 1,
-        Some(
-            Algorithm::FixedWindow { limit, .. } | Algorithm::CalendarWindow { limit, .. },
-        ) => *limit as i64,
+        Some(Algorithm::FixedWindow { limit, .. } | Algorithm::CalendarWindow { limit, .. }) => {
+            *limit as i64
+        }
         Some(Algorithm::LeakyBucket { capacity, .. }) => *capacity as i64,
         _ => 0,
     };
@@ -441,12 +451,10 @@ async fn run_batch<P: Send + 'static>(
                 refused = true;
                 let mut each = Vec::with_capacity(items.len());
                 for item in &items {
-                    each.push(
-                        match call_batch(&run, script, &[item], &pad, true).await {
-                            Ok(mut r) => Ok(r.remove(0)),
-                            Err(Ok(e) | Err(e)) => Err(e),
-                        },
-                    );
+                    each.push(match call_batch(&run, script, &[item], &pad, true).await {
+                        Ok(mut r) => Ok(r.remove(0)),
+                        Err(Ok(e) | Err(e)) => Err(e),
+                    });
                 }
                 each
             }

@@ -80,7 +80,9 @@ macro_rules! one_policy_batch {
             lua!("common.lua"),
             lua!("batch_common.lua"),
             lua!($file),
-            "return ", $entry, "(KEYS, ARGV)\n"
+            "return ",
+            $entry,
+            "(KEYS, ARGV)\n"
         )
     };
     ($file:literal, $entry:literal, cluster) => {
@@ -90,7 +92,9 @@ macro_rules! one_policy_batch {
             lua!("common.lua"),
             lua!("batch_common.lua"),
             lua!($file),
-            "return ", $entry, "(KEYS, ARGV)\n"
+            "return ",
+            $entry,
+            "(KEYS, ARGV)\n"
         )
     };
 }

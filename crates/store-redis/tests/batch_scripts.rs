@@ -165,7 +165,10 @@ async fn one_policy_matches_generic(kind: Kind) {
                 let (vb, tb) = stored(&generic, key).await;
                 assert_eq!(va, vb, "{kind:?} {algorithm:?} round {round} {key}");
                 // Written microseconds apart with the same TTL (the test pad included).
-                assert!((ta - tb).abs() < 2_000, "{kind:?} {algorithm:?}: {ta} vs {tb}");
+                assert!(
+                    (ta - tb).abs() < 2_000,
+                    "{kind:?} {algorithm:?}: {ta} vs {tb}"
+                );
             }
         }
     }
@@ -220,7 +223,10 @@ async fn a_key_repeated_in_a_batch_decides_as_separate_calls() {
                 let alone = separate.batch_at(&items[i..=i], now, true).await.unwrap();
                 assert_eq!(&alone[0], d, "{kind:?} {algorithm:?} item {i}");
             }
-            assert_eq!(stored(&batched, &key).await.0, stored(&separate, &key).await.0);
+            assert_eq!(
+                stored(&batched, &key).await.0,
+                stored(&separate, &key).await.0
+            );
         }
     }
 }
@@ -229,7 +235,14 @@ fn script_calls_on(port: u16) -> u64 {
     let info = sluice_testkit::servers::redis_cli(port, &["INFO", "commandstats"]);
     info.lines()
         .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| l.split("calls=").nth(1)?.split(',').next()?.parse::<u64>().ok())
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
         .sum()
 }
 
@@ -281,7 +294,10 @@ async fn cluster_batches_span_slots_and_admit_exactly() {
             let d = d.unwrap_or_else(|e| panic!("{algorithm:?}: {e}"));
             admitted[k] += usize::from(d.allowed);
         }
-        assert!(admitted.iter().all(|&n| n == 5), "{algorithm:?}: {admitted:?}");
+        assert!(
+            admitted.iter().all(|&n| n == 5),
+            "{algorithm:?}: {admitted:?}"
+        );
         let calls: u64 = ports.iter().map(|&p| script_calls_on(p)).sum::<u64>() - before;
         assert!(
             calls < (keys * 12) as u64 / 2,
@@ -311,12 +327,20 @@ async fn states_in_the_earlier_text_encoding_are_read() {
         for generic in [false, true] {
             // 3 tokens left (one token = 3,600,000 units); 5 of 10 GCRA slots used.
             let text = [
-                ("rl:{old}:tb", format!("t{}:{}", 3 * hour, now_us / 1000), &tb, 2),
+                (
+                    "rl:{old}:tb",
+                    format!("t{}:{}", 3 * hour, now_us / 1000),
+                    &tb,
+                    2,
+                ),
                 ("rl:{old}:g", format!("g{}", now_us + 5 * t_us), &gcra, 4),
             ];
             for (key, value, algorithm, remaining) in text {
                 let mut set = sluice_redis::redis::cmd("SET");
-                set.arg(s.server_key(key)).arg(&value).arg("PX").arg(600_000);
+                set.arg(s.server_key(key))
+                    .arg(&value)
+                    .arg("PX")
+                    .arg(600_000);
                 s.command(&set).await.unwrap();
                 let item = [CheckItem {
                     key,
@@ -325,7 +349,10 @@ async fn states_in_the_earlier_text_encoding_are_read() {
                 }];
                 let d = s.batch_at(&item, now_us, generic).await.unwrap();
                 assert!(d[0].allowed, "{kind:?} {value}");
-                assert_eq!(d[0].remaining, remaining, "{kind:?} {value} generic={generic}");
+                assert_eq!(
+                    d[0].remaining, remaining,
+                    "{kind:?} {value} generic={generic}"
+                );
                 let (packed, _) = stored(&s, key).await;
                 assert_ne!(packed.as_deref(), Some(value.as_bytes()), "{kind:?}");
                 let again = s.batch_at(&item, now_us, !generic).await.unwrap();
@@ -362,7 +389,10 @@ async fn a_slot_moved_after_connect_is_decided_exactly() {
         .into_iter()
         .filter_map(|slot| cluster.master_of_slot(slot))
         .collect();
-    let to_id = cluster.nodes()[to].cli(&["CLUSTER", "MYID"]).trim().to_string();
+    let to_id = cluster.nodes()[to]
+        .cli(&["CLUSTER", "MYID"])
+        .trim()
+        .to_string();
     let slot = moved.to_string();
     cluster.nodes()[to].cli(&["CLUSTER", "SETSLOT", &slot, "NODE", &to_id]);
     cluster.nodes()[to].cli(&["CLUSTER", "BUMPEPOCH"]);
@@ -371,7 +401,10 @@ async fn a_slot_moved_after_connect_is_decided_exactly() {
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while cluster.master_of_slot(moved) != Some(to) {
-        assert!(std::time::Instant::now() < deadline, "the slot did not move");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slot did not move"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     cluster.wait_ok(Duration::from_secs(20));

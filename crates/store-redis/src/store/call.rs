@@ -181,20 +181,22 @@ pub(super) fn batch_runner(conn: Conn, timeout: Duration, cluster: bool) -> crat
         Lua::new(one_policy[2]),
         Lua::new(one_policy[3]),
     ]);
-    Arc::new(move |script: BatchScript, items: usize, keys: Vec<String>, args: Vec<String>| {
-        let (conn, luas) = (conn.clone(), Arc::clone(&luas));
-        let timeout = batch_timeout(timeout, items);
-        let i = match script {
-            BatchScript::Generic => 0,
-            BatchScript::TokenBucket => 1,
-            BatchScript::Gcra => 2,
-            BatchScript::FixedWindow => 3,
-            BatchScript::LeakyBucket => 4,
-        };
-        Box::pin(async move {
-            invoke_timed(&conn, ScriptMode::Eval, timeout, &luas[i], "", keys, args).await
-        })
-    })
+    Arc::new(
+        move |script: BatchScript, items: usize, keys: Vec<String>, args: Vec<String>| {
+            let (conn, luas) = (conn.clone(), Arc::clone(&luas));
+            let timeout = batch_timeout(timeout, items);
+            let i = match script {
+                BatchScript::Generic => 0,
+                BatchScript::TokenBucket => 1,
+                BatchScript::Gcra => 2,
+                BatchScript::FixedWindow => 3,
+                BatchScript::LeakyBucket => 4,
+            };
+            Box::pin(async move {
+                invoke_timed(&conn, ScriptMode::Eval, timeout, &luas[i], "", keys, args).await
+            })
+        },
+    )
 }
 
 /// The timeout of a batch of `items`: the per-call timeout for each [`MIN_BATCH`] items
