@@ -21,7 +21,12 @@ DUR=$1; shift
 fp() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'; }
 WORK=$(mktemp -d /tmp/redis-ab.XXXXXX)
 PIDS=()
-trap 'for p in "${PIDS[@]}"; do kill $p 2>/dev/null; done; rm -rf "$WORK"' EXIT
+stop() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
+  rm -rf "$WORK"
+}
+trap stop EXIT
 CPORTS=()
 for _ in 1 2 3; do
   while :; do p=$(fp); [ "$p" -lt 55000 ] && break; done # the cluster bus is port + 10000
