@@ -29,9 +29,8 @@ ADJUST.tb = function(key, now, charge, cost, pad, cap, r, p)
   local tokens = full
   local v = get_string(key)
   if v then
-    local t, last = string.match(v, '^t(%d+):(%d+)$')
+    local t, last = tb_state(v)
     if t then
-      t, last = tonumber(t), tonumber(last)
       local elapsed = math.max(0, now_ms - last)
       if elapsed < cdiv(math.max(0, full - t), r) then
         tokens = t + elapsed * r
@@ -47,7 +46,7 @@ ADJUST.tb = function(key, now, charge, cost, pad, cap, r, p)
   if left == full then
     call('DEL', key)
   else
-    put_string(key, string.format('t%d:%d', left, now_ms), cdiv(full - left, r), pad)
+    put_string(key, tb_value(left, now_ms), cdiv(full - left, r), pad)
   end
 end
 
@@ -55,9 +54,9 @@ ADJUST.gcra = function(key, now, charge, cost, pad, t)
   local tat = now
   local v = get_string(key)
   if v then
-    local x = string.match(v, '^g(%d+)$')
-    if x and tonumber(x) > now then
-      tat = tonumber(x)
+    local x = gcra_state(v)
+    if x and x > now then
+      tat = x
     end
   end
   if charge then
@@ -68,7 +67,7 @@ ADJUST.gcra = function(key, now, charge, cost, pad, t)
   if tat <= now then
     call('DEL', key)
   else
-    put_string(key, string.format('g%d', tat), cdiv(tat - now, 1000), pad)
+    put_string(key, gcra_value(tat), cdiv(tat - now, 1000), pad)
   end
 end
 

@@ -1,6 +1,7 @@
 -- gcra.lua: GCRA, redis-cell's CL.THROTTLE in microseconds (docs/algorithms.md, gcra.rs).
 --
--- Item parameters: p1 = emission interval T (µs, >= 1), p2 = burst. State: string `g<tat_us>`.
+-- Item parameters: p1 = emission interval T (µs, >= 1), p2 = burst. State: string, the TAT in µs
+-- (gcra_state, gcra_value).
 -- Redis commands per decision: GET, then SET PX when admitted with cost > 0 (2 at most).
 CHECK.gcra = function(key, now, cost, t, burst)
   local tolerance = t * (burst + 1)
@@ -8,9 +9,9 @@ CHECK.gcra = function(key, now, cost, t, burst)
   local tat = now
   local v = get_string(key)
   if v then
-    local x = string.match(v, '^g(%d+)$')
+    local x = gcra_state(v)
     if x then
-      tat = tonumber(x)
+      tat = x
     end
   end
   local base = tat
@@ -48,6 +49,6 @@ CHECK.gcra = function(key, now, cost, t, burst)
     return d
   end
   return d, function(pad)
-    put_string(key, string.format('g%d', new_tat), cdiv(ttl, 1000), pad)
+    put_string(key, gcra_value(new_tat), cdiv(ttl, 1000), pad)
   end
 end

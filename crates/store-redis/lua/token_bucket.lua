@@ -1,7 +1,7 @@
 -- token_bucket.lua: token bucket (docs/algorithms.md, crates/core/src/algorithm/token_bucket.rs).
 --
 -- Item parameters: p1 = capacity C, p2 = R, p3 = P (the rate reduced to R units per ms, one
--- token = P units). State: string `t<tokens>:<last_ms>` (tokens in units).
+-- token = P units). State: string, tokens in units and last ms (tb_state, tb_value).
 -- Redis commands per decision: GET, then SET PX when admitted with cost > 0 (2 at most).
 CHECK.tb = function(key, now, cost, cap, r, p)
   local full = cap * p
@@ -9,9 +9,8 @@ CHECK.tb = function(key, now, cost, cap, r, p)
   local tokens = full
   local v = get_string(key)
   if v then
-    local t, last = string.match(v, '^t(%d+):(%d+)$')
+    local t, last = tb_state(v)
     if t then
-      t, last = tonumber(t), tonumber(last)
       local elapsed = now_ms - last
       if elapsed < 0 then
         elapsed = 0
@@ -39,6 +38,6 @@ CHECK.tb = function(key, now, cost, cap, r, p)
     return d
   end
   return d, function(pad)
-    put_string(key, string.format('t%d:%d', left, now_ms), reset, pad)
+    put_string(key, tb_value(left, now_ms), reset, pad)
   end
 end

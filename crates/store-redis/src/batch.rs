@@ -3,10 +3,20 @@
 //! Entering Lua and reading `TIME` cost Redis more than a decision itself (see
 //! `docs/benchmarks.md`), so when many checks are in flight at once their items are sent
 //! together: each check queues its item; a background task takes whatever has queued while
-//! earlier batches were in flight (at most [`MAX_IN_FLIGHT`] batches at once) and runs
-//! `lua/batch.lua`, which decides every item on its own, in order, exactly as separate calls
-//! arriving in the same microsecond would be decided. A lone check goes out at once as a batch
-//! of one: batching never waits for company.
+//! earlier batches were in flight (at most [`MAX_IN_FLIGHT`] batches at once) and sends them
+//! in one script call, which decides every item on its own, in order, exactly as separate
+//! calls arriving in the same microsecond would be decided. A lone check goes out at once as a
+//! batch of one: batching never waits for company.
+//!
+//! A batch of one policy (the common case: one limit on many identities) goes to that
+//! algorithm's own script (`lua/batch_<algorithm>.lua`): the parameters once per call, per
+//! item only the key (and the cost when any item costs more than 1), one `MGET`, and one
+//! write per distinct key, since the per-item dispatch and argument parsing of the generic
+//! `lua/batch.lua` cost Redis more than the decision. Mixed batches keep `lua/batch.lua`.
+//!
+//! On a Cluster a batch is split per node and policy, one call each (see the one-policy
+//! scripts' Cluster form and `docs/redis.md`); only algorithms with a one-policy script are
+//! batched there.
 //!
 //! Overload is not failure. The store's timeout bounds the script call alone (the runner
 //! applies it, once per [`MIN_BATCH`] items of the batch), never the time an item spends in
@@ -21,19 +31,20 @@
 //! caller stopped waiting) hands its lease to the [`Compensator`], which releases it once the
 //! server answers again.
 //!
-//! Only standalone servers in script mode with the server's clock use it (every key of a
-//! batch must be on one node; an injected clock gives each call its own `now`).
+//! Only script mode with the server's clock uses it (an injected clock gives each call its
+//! own `now`).
 
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::Value;
-use sluice_core::StoreError;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, oneshot};
+use sluice_core::{Algorithm, StoreError};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::protocol::ROW;
+use crate::protocol::{self, ROW};
 use crate::store::compensation::{Compensator, PendingRelease};
 
 /// Fewest items a batch takes when that many are queued.
@@ -45,9 +56,38 @@ pub(crate) const MAX_IN_FLIGHT: usize = 4;
 /// Most items queued at once; a caller beyond waits for room, within the queue bound.
 pub(crate) const QUEUE_CAPACITY: usize = 65_536;
 
-/// Runs the batch script under the store's per-call timeout: `(keys, args)` -> the flat reply.
+/// Which batch script a call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BatchScript {
+    /// `lua/batch.lua`: any mix of algorithms, 7 arguments per item.
+    Generic,
+    /// `lua/batch_token_bucket.lua`: one token-bucket policy.
+    TokenBucket,
+    /// `lua/batch_gcra.lua`: one GCRA policy.
+    Gcra,
+    /// `lua/batch_fixed_window.lua`: one fixed-window policy (calendar windows included).
+    FixedWindow,
+    /// `lua/batch_leaky_bucket.lua`: one leaky-bucket policy.
+    LeakyBucket,
+}
+
+impl BatchScript {
+    /// Reply integers per item.
+    fn width(self) -> usize {
+        match self {
+            BatchScript::Generic => ROW,
+            BatchScript::LeakyBucket => 4,
+            _ => 3,
+        }
+    }
+}
+
+/// Runs a batch script under the store's per-call timeout: `(script, items, keys, args)` ->
+/// the flat reply.
 pub(crate) type Runner = Arc<
     dyn Fn(
+            BatchScript,
+            usize,
             Vec<String>,
             Vec<String>,
         ) -> Pin<Box<dyn Future<Output = Result<Value, StoreError>> + Send>>
@@ -55,10 +95,29 @@ pub(crate) type Runner = Arc<
         + Sync,
 >;
 
-/// One queued item: its key, its 7 item arguments, where to send its 7 reply integers.
+/// Which Cluster node serves a key's slot, as far as the store last heard.
+pub(crate) trait NodeMap: Send + Sync {
+    /// The node (an index of the map's own node list) serving `key`'s slot, if known.
+    fn node(&self, key: &str) -> Option<u32>;
+    /// A call found the map out of date: fetch it again.
+    fn stale(&self);
+}
+
+/// The node map of a Cluster store's batcher.
+pub(crate) type NodeOf = Arc<dyn NodeMap>;
+
+/// One check: its server key, algorithm, cost and token (a lease or log entry id, or "").
+#[derive(Debug, Clone)]
+pub(crate) struct Item {
+    pub(crate) key: String,
+    pub(crate) algorithm: Algorithm,
+    pub(crate) cost: u64,
+    pub(crate) token: String,
+}
+
+/// One queued item and where to send its 7 reply integers.
 struct Job {
-    key: String,
-    args: Vec<String>,
+    item: Item,
     /// For a concurrency acquire: the release to run if its outcome is lost.
     lease: Option<PendingRelease>,
     queued_at: Instant,
@@ -92,14 +151,179 @@ fn overloaded(what: &str, bound: Duration) -> StoreError {
     ))
 }
 
+/// The one-policy script for `algorithm`, if it has one.
+fn one_policy_script(algorithm: &Algorithm) -> Option<BatchScript> {
+    match algorithm {
+        Algorithm::TokenBucket { .. } => Some(BatchScript::TokenBucket),
+        Algorithm::Gcra { .. } => Some(BatchScript::Gcra),
+        Algorithm::FixedWindow { .. } | Algorithm::CalendarWindow { .. } => {
+            Some(BatchScript::FixedWindow)
+        }
+        Algorithm::LeakyBucket { .. } => Some(BatchScript::LeakyBucket),
+        _ => None,
+    }
+}
+
+/// Whether a Cluster store batches checks of `algorithm` (only one-policy scripts have the
+/// Cluster form).
+pub(crate) fn cluster_batches(algorithm: &Algorithm) -> bool {
+    one_policy_script(algorithm).is_some()
+}
+
+/// The script `items` go to: a one-policy script when every item has the same algorithm and
+/// parameters and the algorithm has one (unless `generic`), else `lua/batch.lua`.
+pub(crate) fn script_for(items: &[&Item], generic: bool) -> BatchScript {
+    let Some(first) = items.first() else {
+        return BatchScript::Generic;
+    };
+    match one_policy_script(&first.algorithm) {
+        Some(s) if !generic && items.iter().all(|i| i.algorithm == first.algorithm) => s,
+        _ => BatchScript::Generic,
+    }
+}
+
+/// The keys and arguments of one batch call of `items` to `script`. `now` is ARGV[1] ("" for
+/// the server clock). `cluster`: the one-policy Cluster form (one key in KEYS, the rest in
+/// ARGV).
+pub(crate) fn encode(
+    script: BatchScript,
+    items: &[&Item],
+    now: String,
+    pad: String,
+    cluster: bool,
+) -> (Vec<String>, Vec<String>) {
+    let mut args = Vec::with_capacity(8 + items.len() * 2);
+    args.push(now);
+    args.push(pad);
+    if script == BatchScript::Generic {
+        let keys = items.iter().map(|i| i.key.clone()).collect();
+        for i in items {
+            protocol::push_item_args(&mut args, &i.algorithm, i.cost, &i.token);
+        }
+        return (keys, args);
+    }
+    match items[0].algorithm {
+        Algorithm::TokenBucket { capacity, rate } => {
+            let r = rate.reduced();
+            args.extend([capacity, r.amount, r.per_ms].map(|v| v.to_string()));
+        }
+        Algorithm::Gcra { rate, burst } => {
+            let t = protocol::emission_interval_us(rate.amount, rate.per_ms);
+            args.extend([t, burst].map(|v| v.to_string()));
+        }
+        Algorithm::FixedWindow { limit, window_ms } => {
+            args.extend([limit, window_ms, 0].map(|v| v.to_string()));
+        }
+        Algorithm::CalendarWindow { limit, period } => {
+            args.extend([limit, period.max_ms(), period.lua_code()].map(|v| v.to_string()));
+        }
+        Algorithm::LeakyBucket {
+            capacity,
+            rate,
+            mode,
+        } => {
+            let r = rate.reduced();
+            let shaping = u64::from(mode == sluice_core::LeakyMode::Shaping);
+            args.extend([capacity, r.amount, r.per_ms, shaping].map(|v| v.to_string()));
+        }
+        _ => unreachable!("no one-policy script for {:?}", items[0].algorithm),
+    }
+    // Every key once (the common case on a large keyspace): the script skips its per-key
+    // bookkeeping.
+    let mut seen = HashSet::with_capacity(items.len());
+    let distinct = items.iter().all(|i| seen.insert(i.key.as_str()));
+    args.push(if distinct { "1" } else { "0" }.to_string());
+    let keys = if cluster {
+        args.push((items.len() - 1).to_string());
+        args.extend(items[1..].iter().map(|i| i.key.clone()));
+        vec![items[0].key.clone()]
+    } else {
+        args.push("0".to_string());
+        items.iter().map(|i| i.key.clone()).collect()
+    };
+    if items.iter().any(|i| i.cost != 1) {
+        args.extend(items.iter().map(|i| i.cost.to_string()));
+    }
+    (keys, args)
+}
+
+/// The reply rows (7 integers each, as `lua/check.lua` gives them) of a call of `items` to
+/// `script` that answered `flat`.
+pub(crate) fn decode(
+    script: BatchScript,
+    items: &[&Item],
+    flat: &[i64],
+) -> Result<Vec<[i64; ROW]>, StoreError> {
+    let width = script.width();
+    if flat.len() != items.len() * width {
+        return Err(StoreError::Backend(format!(
+            "batch script returned {} integers for {} items",
+            flat.len(),
+            items.len()
+        )));
+    }
+    if script == BatchScript::Generic {
+        return Ok(flat
+            .chunks_exact(ROW)
+            .map(|row| {
+                let mut r = [0i64; ROW];
+                r.copy_from_slice(row);
+                r
+            })
+            .collect());
+    }
+    let limit = match items.first().map(|i| &i.algorithm) {
+        Some(Algorithm::TokenBucket { capacity, .. }) => *capacity as i64,
+        Some(Algorithm::Gcra { burst, .. }) => *burst as i64 + 1,
+        Some(Algorithm::FixedWindow { limit, .. } | Algorithm::CalendarWindow { limit, .. }) => {
+            *limit as i64
+        }
+        Some(Algorithm::LeakyBucket { capacity, .. }) => *capacity as i64,
+        _ => 0,
+    };
+    Ok(flat
+        .chunks_exact(width)
+        .map(|r| {
+            let delay = if width > 3 { r[3] } else { 0 };
+            match r[0] {
+                0 => [1, limit, r[1], 0, r[2], delay, 0],
+                -1 => [0, limit, r[1], 0, r[2], 0, 2],
+                retry => [0, limit, r[1], retry, r[2], 0, 1],
+            }
+        })
+        .collect())
+}
+
+/// Runs one batch call (encode, send, decode). `Err(Ok(e))`: the server refused the call
+/// with an error reply; `Err(Err(e))`: any other failure (the call may have run).
+async fn call_batch(
+    run: &Runner,
+    script: BatchScript,
+    items: &[&Item],
+    pad: &str,
+    cluster: bool,
+) -> Result<Vec<[i64; ROW]>, Result<StoreError, StoreError>> {
+    let (keys, args) = encode(script, items, String::new(), pad.to_string(), cluster);
+    let reply = match run(script, items.len(), keys, args).await {
+        Ok(v) => v,
+        Err(e @ StoreError::Backend(_)) => return Err(Ok(e)),
+        Err(e) => return Err(Err(e)),
+    };
+    crate::store::ints(reply)
+        .and_then(|flat| decode(script, items, &flat))
+        .map_err(Err)
+}
+
 impl Batcher {
     /// Spawns the batching task on the current tokio runtime. `pad` is ARGV[2] of every call;
-    /// an item that waited longer than `queue_wait` is answered overloaded.
+    /// an item that waited longer than `queue_wait` is answered overloaded. `node_of` is set
+    /// on a Cluster: a batch is then split per node and policy, each part one call.
     pub(crate) fn spawn(
         run: Runner,
         pad: String,
         queue_wait: Duration,
         compensator: Compensator,
+        node_of: Option<NodeOf>,
     ) -> Self {
         let (tx, mut rx) = mpsc::channel::<Job>(QUEUE_CAPACITY);
         tokio::spawn(async move {
@@ -128,13 +352,35 @@ impl Batcher {
                 if jobs.is_empty() {
                     continue;
                 }
-                tokio::spawn(run_batch(
-                    Arc::clone(&run),
-                    pad.clone(),
-                    jobs,
-                    permit,
-                    compensator.clone(),
-                ));
+                match &node_of {
+                    None => {
+                        let (run, pad, compensator) =
+                            (Arc::clone(&run), pad.clone(), compensator.clone());
+                        tokio::spawn(async move {
+                            run_batch(run, pad, jobs, permit, compensator, false).await;
+                        });
+                    }
+                    Some(node_of) => {
+                        // One call per node and policy; the parts share the batch's slot.
+                        let permit = Arc::new(permit);
+                        for part in split_per_node(jobs, node_of) {
+                            let permit = Arc::clone(&permit);
+                            let (run, pad, compensator, node_of) = (
+                                Arc::clone(&run),
+                                pad.clone(),
+                                compensator.clone(),
+                                Arc::clone(node_of),
+                            );
+                            tokio::spawn(async move {
+                                let stale =
+                                    run_batch(run, pad, part, permit, compensator, true).await;
+                                if stale {
+                                    node_of.stale();
+                                }
+                            });
+                        }
+                    }
+                }
             }
         });
         Self { tx, queue_wait }
@@ -144,14 +390,12 @@ impl Batcher {
     /// item is a concurrency acquire whose outcome is lost.
     pub(crate) async fn check(
         &self,
-        key: String,
-        args: Vec<String>,
+        item: Item,
         lease: Option<PendingRelease>,
     ) -> Result<[i64; ROW], StoreError> {
         let (reply, rx) = oneshot::channel();
         let job = Job {
-            key,
-            args,
+            item,
             lease,
             queued_at: Instant::now(),
             reply,
@@ -167,61 +411,82 @@ impl Batcher {
     }
 }
 
-/// Sends one batch and hands each item its row (or the error).
-async fn run_batch(
+/// Splits a Cluster batch into parts of one node and one policy, in queue order within each.
+fn split_per_node(jobs: Vec<Job>, node_of: &NodeOf) -> Vec<Vec<Job>> {
+    let mut parts: Vec<Vec<Job>> = Vec::new();
+    let mut index: HashMap<(Option<u32>, Algorithm), usize> = HashMap::new();
+    for job in jobs {
+        let group = (node_of.node(&job.item.key), job.item.algorithm.clone());
+        match index.get(&group) {
+            Some(&i) => parts[i].push(job),
+            None => {
+                index.insert(group, parts.len());
+                parts.push(vec![job]);
+            }
+        }
+    }
+    parts
+}
+
+/// Sends one batch and hands each item its row (or the error). On a Cluster (`cluster`),
+/// a part the node refused with an error reply (a key's slot is no longer there: the node
+/// map was stale) is decided again one item per call, which the client routes (MOVED, ASK)
+/// like any unbatched call: the refusal came from a read, before any write
+/// (`lua/batch_common.lua`), so nothing was decided twice. Returns whether that happened.
+async fn run_batch<P: Send + 'static>(
     run: Runner,
     pad: String,
     jobs: Vec<Job>,
-    permit: OwnedSemaphorePermit,
+    permit: P,
     compensator: Compensator,
-) {
-    let mut keys = Vec::with_capacity(jobs.len());
-    let mut args = Vec::with_capacity(2 + jobs.len() * ROW);
-    args.push(String::new());
-    args.push(pad);
-    let mut waiting = Vec::with_capacity(jobs.len());
-    for job in jobs {
-        keys.push(job.key);
-        args.extend(job.args);
-        waiting.push((job.reply, job.lease));
-    }
-    let result = run(keys, args).await.and_then(crate::store::ints);
+    cluster: bool,
+) -> bool {
+    let items: Vec<&Item> = jobs.iter().map(|j| &j.item).collect();
+    let script = script_for(&items, false);
+    let mut refused = false;
+    let results: Vec<Result<[i64; ROW], StoreError>> =
+        match call_batch(&run, script, &items, &pad, cluster).await {
+            Ok(rows) => rows.into_iter().map(Ok).collect(),
+            Err(Ok(_)) if cluster && items.len() > 1 => {
+                refused = true;
+                let mut each = Vec::with_capacity(items.len());
+                for item in &items {
+                    each.push(match call_batch(&run, script, &[item], &pad, true).await {
+                        Ok(mut r) => Ok(r.remove(0)),
+                        Err(Ok(e) | Err(e)) => Err(e),
+                    });
+                }
+                each
+            }
+            Err(Ok(e) | Err(e)) => items.iter().map(|_| Err(e.clone())).collect(),
+        };
+    drop(items);
     drop(permit);
-    let result = match result {
-        Ok(flat) if flat.len() == waiting.len() * ROW => Ok(flat),
-        Ok(flat) => Err(StoreError::Backend(format!(
-            "batch script returned {} integers for {} items",
-            flat.len(),
-            waiting.len()
-        ))),
-        Err(e) => Err(e),
-    };
-    match result {
-        Ok(flat) => {
-            for ((reply, lease), row) in waiting.into_iter().zip(flat.chunks_exact(ROW)) {
-                let mut r = [0i64; ROW];
-                r.copy_from_slice(row);
+    for (job, result) in jobs.into_iter().zip(results) {
+        match result {
+            Ok(r) => {
                 let admitted = r[0] == 1;
                 // Taken for a caller that stopped waiting: nobody will release it.
-                if reply.send(Ok(r)).is_err()
+                if job.reply.send(Ok(r)).is_err()
                     && admitted
-                    && let Some(lease) = lease
+                    && let Some(lease) = job.lease
                 {
                     compensator.push(lease);
                 }
             }
-        }
-        Err(e) => {
-            // The call may still run on the server (a paused or slow server runs it later).
-            let may_have_run = !matches!(e, StoreError::Invalid(_));
-            for (reply, lease) in waiting {
-                if may_have_run && let Some(lease) = lease {
+            Err(e) => {
+                // The call may still run on the server (a paused or slow server runs it
+                // later).
+                if !matches!(e, StoreError::Invalid(_))
+                    && let Some(lease) = job.lease
+                {
                     compensator.push(lease);
                 }
-                let _ = reply.send(Err(e.clone()));
+                let _ = job.reply.send(Err(e));
             }
         }
     }
+    refused
 }
 
 #[cfg(test)]

@@ -70,6 +70,51 @@ pub(crate) const BATCH: &str = concat!(
     "return batch(KEYS, ARGV)\n"
 );
 
+/// A one-policy batch script (`lua/batch_common.lua` + the algorithm's batch file): `cluster`
+/// builds the form a Cluster node runs (its items' keys in several slots of the node, each
+/// read with its own GET, hence the `allow-cross-slot-keys` flag).
+macro_rules! one_policy_batch {
+    ($file:literal, $entry:literal, standalone) => {
+        concat!(
+            "local BATCH_PER_KEY_READS = false\n",
+            lua!("common.lua"),
+            lua!("batch_common.lua"),
+            lua!($file),
+            "return ",
+            $entry,
+            "(KEYS, ARGV)\n"
+        )
+    };
+    ($file:literal, $entry:literal, cluster) => {
+        concat!(
+            "#!lua flags=allow-cross-slot-keys\n",
+            "local BATCH_PER_KEY_READS = true\n",
+            lua!("common.lua"),
+            lua!("batch_common.lua"),
+            lua!($file),
+            "return ",
+            $entry,
+            "(KEYS, ARGV)\n"
+        )
+    };
+}
+
+/// Checks of one policy in one call, standalone: token bucket, GCRA, fixed window, leaky
+/// bucket (the order of `BatchScript`'s one-policy variants).
+pub(crate) const BATCHES: [&str; 4] = [
+    one_policy_batch!("batch_token_bucket.lua", "batch_token_bucket", standalone),
+    one_policy_batch!("batch_gcra.lua", "batch_gcra", standalone),
+    one_policy_batch!("batch_fixed_window.lua", "batch_fixed_window", standalone),
+    one_policy_batch!("batch_leaky_bucket.lua", "batch_leaky_bucket", standalone),
+];
+/// The same on one Cluster node.
+pub(crate) const CLUSTER_BATCHES: [&str; 4] = [
+    one_policy_batch!("batch_token_bucket.lua", "batch_token_bucket", cluster),
+    one_policy_batch!("batch_gcra.lua", "batch_gcra", cluster),
+    one_policy_batch!("batch_fixed_window.lua", "batch_fixed_window", cluster),
+    one_policy_batch!("batch_leaky_bucket.lua", "batch_leaky_bucket", cluster),
+];
+
 /// The Lua file implementing `kind` (registering `CHECK.<lua_code>`).
 pub fn algorithm_source(kind: AlgorithmKind) -> &'static str {
     match kind {

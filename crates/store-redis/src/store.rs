@@ -4,6 +4,7 @@ mod adjust;
 mod call;
 pub(crate) mod compensation;
 mod connection;
+mod nodes;
 mod options;
 mod raw;
 
@@ -244,12 +245,22 @@ pub async fn connect(url: &str, mut options: RedisOptions) -> Result<RedisStore,
         direct: Semaphore::new(DIRECT_IN_FLIGHT),
         compensator,
     };
-    if options.batch && store.mode == ScriptMode::Eval && store.clock.is_none() && !store.cluster {
+    if options.batch && store.mode == ScriptMode::Eval && store.clock.is_none() {
+        let node_of: Option<crate::batch::NodeOf> = if store.cluster {
+            let fetch = nodes::ClusterNodes::fetch(store.conn.clone());
+            let map = tokio::time::timeout(options.connect_timeout, fetch)
+                .await
+                .map_err(|_| StoreError::Timeout(options.connect_timeout.as_millis() as u64))?;
+            Some(Arc::new(map))
+        } else {
+            None
+        };
         store.batcher = Some(crate::batch::Batcher::spawn(
-            batch_runner(store.conn.clone(), store.timeout),
+            batch_runner(store.conn.clone(), store.timeout, store.cluster),
             store.pad.clone(),
             store.queue_wait,
             store.compensator.clone(),
+            node_of,
         ));
     }
     if store.mode == ScriptMode::Functions {
@@ -360,6 +371,47 @@ impl RedisStore {
         .await
     }
 
+    /// Decides `items` (independent one-limit checks, token-free algorithms) in one batch
+    /// call at `now_us`, as the batcher would send them: to the one-policy script when they
+    /// share one, or to `lua/batch.lua` when `generic` (or they do not). For tests holding
+    /// the batch scripts to each other and to separate calls; not a stable API.
+    #[doc(hidden)]
+    pub async fn batch_at(
+        &self,
+        items: &[CheckItem<'_>],
+        now_us: u64,
+        generic: bool,
+    ) -> Result<Vec<sluice_core::Decision>, StoreError> {
+        use crate::batch::{Item, decode, encode, script_for};
+        let owned: Vec<Item> = items
+            .iter()
+            .map(|i| Item {
+                key: self.server_key(i.key),
+                algorithm: i.algorithm.clone(),
+                cost: i.cost,
+                token: String::new(),
+            })
+            .collect();
+        let refs: Vec<&Item> = owned.iter().collect();
+        let script = script_for(&refs, generic);
+        let (keys, args) = encode(
+            script,
+            &refs,
+            now_us.to_string(),
+            self.pad.clone(),
+            self.cluster,
+        );
+        let run = batch_runner(self.conn.clone(), self.timeout, self.cluster);
+        let flat = ints(run(script, refs.len(), keys, args).await?)?;
+        let rows = decode(script, &refs, &flat)?;
+        let tokens = vec![String::new(); items.len()];
+        let mut out = Vec::with_capacity(items.len());
+        for (i, row) in rows.iter().enumerate() {
+            out.extend(protocol::decode(&items[i..=i], &tokens[i..=i], row)?.decisions);
+        }
+        Ok(out)
+    }
+
     fn check_slots(&self, keys: &[String]) -> Result<(), StoreError> {
         if !self.cluster || keys.len() < 2 {
             return Ok(());
@@ -403,9 +455,6 @@ impl Store for RedisStore {
         }
         let keys: Vec<String> = items.iter().map(|i| self.server_key(i.key)).collect();
         self.check_slots(&keys)?;
-        let mut args = Vec::with_capacity(2 + items.len() * ROW);
-        args.push(self.now_arg());
-        args.push(self.pad.clone());
         let mut tokens = Vec::with_capacity(items.len());
         // Concurrency acquires: their lease ids are known now, so a call whose outcome is
         // lost can be compensated by releasing them.
@@ -421,16 +470,27 @@ impl Store for RedisStore {
             {
                 leases.push(PendingRelease::new(key.clone(), token.clone(), *lease_ms));
             }
-            protocol::push_item_args(&mut args, item.algorithm, item.cost, &token);
             tokens.push(token);
         }
-        if let (Some(batcher), [_]) = (&self.batcher, items) {
+        if let (Some(batcher), [item]) = (&self.batcher, items)
+            && (!self.cluster || crate::batch::cluster_batches(item.algorithm))
+        {
             // The batching task applies the timeout to the script call and compensates the
             // lease itself (it alone knows whether the item was sent).
-            let key = keys.into_iter().next().unwrap_or_default();
-            let item_args = args.split_off(2);
-            let row = batcher.check(key, item_args, leases.pop()).await?;
+            let batched = crate::batch::Item {
+                key: keys.into_iter().next().unwrap_or_default(),
+                algorithm: item.algorithm.clone(),
+                cost: item.cost,
+                token: tokens[0].clone(),
+            };
+            let row = batcher.check(batched, leases.pop()).await?;
             return protocol::decode(items, &tokens, &row);
+        }
+        let mut args = Vec::with_capacity(2 + items.len() * ROW);
+        args.push(self.now_arg());
+        args.push(self.pad.clone());
+        for (item, token) in items.iter().zip(&tokens) {
+            protocol::push_item_args(&mut args, item.algorithm, item.cost, token);
         }
         let lua = if items.len() == 1 {
             &self.single[script_index(items[0].algorithm)]

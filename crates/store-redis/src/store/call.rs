@@ -164,17 +164,39 @@ fn shows_life(r: &Result<Value, RedisError>) -> bool {
     }
 }
 
-/// Runs `lua/batch.lua` on `conn` (EVALSHA, EVAL when the script cache was flushed) under
-/// [`batch_timeout`].
-pub(super) fn batch_runner(conn: Conn, timeout: Duration) -> crate::batch::Runner {
-    let lua = Arc::new(Lua::new(scripts::BATCH));
-    Arc::new(move |keys: Vec<String>, args: Vec<String>| {
-        let (conn, lua) = (conn.clone(), Arc::clone(&lua));
-        let timeout = batch_timeout(timeout, keys.len());
-        Box::pin(async move {
-            invoke_timed(&conn, ScriptMode::Eval, timeout, &lua, "", keys, args).await
-        })
-    })
+/// Runs the batch scripts on `conn` (EVALSHA, EVAL when the script cache was flushed) under
+/// [`batch_timeout`]; `cluster` selects the one-policy scripts' Cluster form.
+pub(super) fn batch_runner(conn: Conn, timeout: Duration, cluster: bool) -> crate::batch::Runner {
+    use crate::batch::BatchScript;
+    let generic = Lua::new(scripts::BATCH);
+    let one_policy = if cluster {
+        scripts::CLUSTER_BATCHES
+    } else {
+        scripts::BATCHES
+    };
+    let luas = Arc::new([
+        generic,
+        Lua::new(one_policy[0]),
+        Lua::new(one_policy[1]),
+        Lua::new(one_policy[2]),
+        Lua::new(one_policy[3]),
+    ]);
+    Arc::new(
+        move |script: BatchScript, items: usize, keys: Vec<String>, args: Vec<String>| {
+            let (conn, luas) = (conn.clone(), Arc::clone(&luas));
+            let timeout = batch_timeout(timeout, items);
+            let i = match script {
+                BatchScript::Generic => 0,
+                BatchScript::TokenBucket => 1,
+                BatchScript::Gcra => 2,
+                BatchScript::FixedWindow => 3,
+                BatchScript::LeakyBucket => 4,
+            };
+            Box::pin(async move {
+                invoke_timed(&conn, ScriptMode::Eval, timeout, &luas[i], "", keys, args).await
+            })
+        },
+    )
 }
 
 /// The timeout of a batch of `items`: the per-call timeout for each [`MIN_BATCH`] items
