@@ -43,12 +43,12 @@ impl Limiter {
         items: &[CheckItem<'_>],
     ) -> Result<MultiDecision, StoreError> {
         let inner = &*self.inner;
-        let admission = inner.breaker.admit(Instant::now());
+        let start = Instant::now();
+        let admission = inner.breaker.admit(start);
         if admission == Admission::Reject {
             metrics::counter!("sluice_store_errors_total", "kind" => "circuit_open").increment(1);
             return Err(StoreError::Unavailable("circuit breaker open".into()));
         }
-        let start = Instant::now();
         let result = self.bounded(inner.store.check(items)).await;
         metrics::histogram!("sluice_store_duration_seconds", "store" => inner.store.kind())
             .record(start.elapsed().as_secs_f64());
