@@ -50,8 +50,7 @@ impl Limiter {
             return Err(StoreError::Unavailable("circuit breaker open".into()));
         }
         let result = self.bounded(inner.store.check(items)).await;
-        metrics::histogram!("sluice_store_duration_seconds", "store" => inner.store.kind())
-            .record(start.elapsed().as_secs_f64());
+        store_duration(inner.store.kind(), start.elapsed().as_secs_f64());
         match &result {
             Ok(_) => inner.breaker.success(),
             // An invalid request says nothing about the store's health.
@@ -95,6 +94,25 @@ impl Limiter {
             } else {
                 tracing::warn!(error = %e, store = inner.store.kind(), "rate limit store failed; failing {mode}");
             }
+        }
+    }
+}
+
+/// `sluice_store_duration_seconds{store}`: a literal label per known store kind makes the
+/// metric key static (no allocation per call on the check path).
+fn store_duration(kind: &'static str, secs: f64) {
+    match kind {
+        "memory" => metrics::histogram!("sluice_store_duration_seconds", "store" => "memory")
+            .record(secs),
+        "redis" => {
+            metrics::histogram!("sluice_store_duration_seconds", "store" => "redis").record(secs)
+        }
+        "redis-cluster" => {
+            metrics::histogram!("sluice_store_duration_seconds", "store" => "redis-cluster")
+                .record(secs)
+        }
+        other => {
+            metrics::histogram!("sluice_store_duration_seconds", "store" => other).record(secs)
         }
     }
 }
