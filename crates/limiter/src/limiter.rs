@@ -550,7 +550,7 @@ impl Limiter {
     fn denied_locally(&self, planned: &mut Vec<PlannedItem>) -> Option<Checked> {
         let inner = &*self.inner;
         let cache = inner.deny_cache.as_ref()?;
-        if planned.iter().any(|item| item.shadow || item.screened) {
+        if cache.is_empty() || planned.iter().any(|item| item.shadow || item.screened) {
             return None;
         }
         let now = inner.now_us();
