@@ -102,8 +102,9 @@ impl Limiter {
 /// metric key static (no allocation per call on the check path).
 fn store_duration(kind: &'static str, secs: f64) {
     match kind {
-        "memory" => metrics::histogram!("sluice_store_duration_seconds", "store" => "memory")
-            .record(secs),
+        "memory" => {
+            metrics::histogram!("sluice_store_duration_seconds", "store" => "memory").record(secs)
+        }
         "redis" => {
             metrics::histogram!("sluice_store_duration_seconds", "store" => "redis").record(secs)
         }
