@@ -564,6 +564,82 @@ fn control_refusal(checked: &Checked, opts: &HeaderOptions) -> Option<Response<B
 mod tests {
     use super::*;
 
+    /// Notes the name and labels of every counter it is asked for.
+    #[derive(Debug, Default)]
+    struct CounterKeys(std::sync::Mutex<Vec<String>>);
+
+    impl metrics::Recorder for CounterKeys {
+        fn describe_counter(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_gauge(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_histogram(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn register_counter(
+            &self,
+            key: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Counter {
+            let labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("{}{{{}}}", key.name(), labels.join(",")));
+            metrics::Counter::noop()
+        }
+        fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+            metrics::Gauge::noop()
+        }
+        fn register_histogram(
+            &self,
+            _: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Histogram {
+            metrics::Histogram::noop()
+        }
+    }
+
+    #[test]
+    fn every_outcome_is_counted_under_its_own_label() {
+        let outcomes = [
+            "allowed",
+            "denied",
+            "control_refused",
+            "failed_open",
+            "failed_closed",
+            "unlimited",
+            "charged",
+            "charge_failed_open",
+            "charge_failed_closed",
+            "some_new_outcome",
+        ];
+        let keys = CounterKeys::default();
+        metrics::with_local_recorder(&keys, || outcomes.iter().for_each(|o| requests_total(o)));
+        let want: Vec<String> = outcomes
+            .iter()
+            .map(|o| format!("sluice_http_requests_total{{outcome={o}}}"))
+            .collect();
+        assert_eq!(*keys.0.lock().unwrap(), want);
+    }
+
     #[test]
     fn longest_prefix_then_method_wins() {
         let p = |n: &str| {
