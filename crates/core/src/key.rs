@@ -36,8 +36,11 @@ impl Identity {
         let mut s = String::with_capacity(kind.len() + 34);
         s.push_str(kind);
         s.push_str(":h");
-        for b in &digest.as_bytes()[..16] {
-            let _ = write!(s, "{b:02x}");
+        // Hex by table: `write!` per byte costs more than the hash itself on the request path.
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        for &b in &digest.as_bytes()[..16] {
+            s.push(HEX[(b >> 4) as usize] as char);
+            s.push(HEX[(b & 15) as usize] as char);
         }
         Self(s)
     }
@@ -91,6 +94,11 @@ pub fn escape_identity_into(out: &mut String, identity: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789ABCDEF";
     if identity.is_empty() {
         out.push('%');
+        return;
+    }
+    // Most identities (hashed credentials, addresses) need no escape: one copy.
+    if identity.iter().all(|&b| is_safe(b)) {
+        out.push_str(std::str::from_utf8(identity).unwrap_or_default());
         return;
     }
     for &b in identity {

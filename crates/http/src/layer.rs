@@ -91,8 +91,32 @@ impl RateLimitStats {
 
     fn count(&self, counter: &AtomicU64, outcome: &'static str) {
         counter.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!("sluice_http_requests_total", "outcome" => outcome).increment(1);
+        requests_total(outcome);
     }
+}
+
+/// `sluice_http_requests_total{outcome}` + 1. A literal label makes the metric key a static
+/// one (no allocation per request), so each outcome the layer counts is spelled out here.
+fn requests_total(outcome: &'static str) {
+    macro_rules! literal {
+        ($($name:literal),*) => {
+            match outcome {
+                $($name => metrics::counter!("sluice_http_requests_total", "outcome" => $name).increment(1),)*
+                other => metrics::counter!("sluice_http_requests_total", "outcome" => other).increment(1),
+            }
+        };
+    }
+    literal!(
+        "allowed",
+        "denied",
+        "control_refused",
+        "failed_open",
+        "failed_closed",
+        "unlimited",
+        "charged",
+        "charge_failed_open",
+        "charge_failed_closed"
+    );
 }
 
 /// The identity the layer limited a request as, inserted into the request's extensions for
@@ -424,12 +448,17 @@ where
             let (mut parts, body) = req.into_parts();
             let identity = shared.resolver.resolve(&parts);
             let mut checked = if rule.count.is_all() {
-                let items: Vec<(&Identity, &Arc<Policy>, u64)> = rule
-                    .policies
-                    .iter()
-                    .map(|p| (&identity, p, rule.cost))
-                    .collect();
-                shared.limiter.check_many(&items).await
+                if let [policy] = rule.policies.as_slice() {
+                    // The common rule of one policy: no list to allocate.
+                    shared.limiter.check(&identity, policy, rule.cost).await
+                } else {
+                    let items: Vec<(&Identity, &Arc<Policy>, u64)> = rule
+                        .policies
+                        .iter()
+                        .map(|p| (&identity, p, rule.cost))
+                        .collect();
+                    shared.limiter.check_many(&items).await
+                }
             } else {
                 count::precheck(&shared.limiter, &identity, &rule.policies, rule.cost).await
             };
@@ -534,6 +563,82 @@ fn control_refusal(checked: &Checked, opts: &HeaderOptions) -> Option<Response<B
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Notes the name and labels of every counter it is asked for.
+    #[derive(Debug, Default)]
+    struct CounterKeys(std::sync::Mutex<Vec<String>>);
+
+    impl metrics::Recorder for CounterKeys {
+        fn describe_counter(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_gauge(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_histogram(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn register_counter(
+            &self,
+            key: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Counter {
+            let labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("{}{{{}}}", key.name(), labels.join(",")));
+            metrics::Counter::noop()
+        }
+        fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+            metrics::Gauge::noop()
+        }
+        fn register_histogram(
+            &self,
+            _: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Histogram {
+            metrics::Histogram::noop()
+        }
+    }
+
+    #[test]
+    fn every_outcome_is_counted_under_its_own_label() {
+        let outcomes = [
+            "allowed",
+            "denied",
+            "control_refused",
+            "failed_open",
+            "failed_closed",
+            "unlimited",
+            "charged",
+            "charge_failed_open",
+            "charge_failed_closed",
+            "some_new_outcome",
+        ];
+        let keys = CounterKeys::default();
+        metrics::with_local_recorder(&keys, || outcomes.iter().for_each(|o| requests_total(o)));
+        let want: Vec<String> = outcomes
+            .iter()
+            .map(|o| format!("sluice_http_requests_total{{outcome={o}}}"))
+            .collect();
+        assert_eq!(*keys.0.lock().unwrap(), want);
+    }
 
     #[test]
     fn longest_prefix_then_method_wins() {

@@ -142,6 +142,12 @@ impl DenyCache {
         &self.shards[(self.hasher.hash_one(key) % SHARDS as u64) as usize]
     }
 
+    /// True while no denial is remembered (then no lookup can answer, and the caller need not
+    /// even read the clock).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.len.load(Ordering::Relaxed) == 0
+    }
+
     /// Denials answered locally so far.
     pub(crate) fn hits(&self) -> u64 {
         self.hits.load(Ordering::Relaxed)

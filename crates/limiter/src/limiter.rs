@@ -349,10 +349,13 @@ impl Limiter {
     /// all-or-nothing (one store call); shadow policies are checked in a separate call so they
     /// never block consumption of enforced ones.
     pub async fn check_many(&self, items: &[(&Identity, &Arc<Policy>, u64)]) -> Checked {
-        let start = Instant::now();
+        // The clock is read only for an observer: a clock read is not free on every host.
+        let start = self.inner.observer.get().map(|_| Instant::now());
         let checked = self.decide_many(items).await;
         crate::control::hook::after(&self.inner.control, items, &checked);
-        if let Some(observer) = self.inner.observer.get() {
+        if let Some(observer) = self.inner.observer.get()
+            && let Some(start) = start
+        {
             observer.decision(&crate::observer::DecisionEvent {
                 items,
                 checked: &checked,
@@ -580,7 +583,7 @@ impl Limiter {
     fn denied_locally(&self, planned: &mut Vec<PlannedItem>) -> Option<Checked> {
         let inner = &*self.inner;
         let cache = inner.deny_cache.as_ref()?;
-        if planned.iter().any(|item| item.shadow || item.screened) {
+        if cache.is_empty() || planned.iter().any(|item| item.shadow || item.screened) {
             return None;
         }
         let now = inner.now_us();

@@ -32,7 +32,7 @@ mod lead;
 mod problem;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use http::header::{CACHE_CONTROL, RETRY_AFTER};
+use http::header::{CACHE_CONTROL, Entry, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use sluice::{Checked, Decision, Policy, Verdict};
 
@@ -246,31 +246,40 @@ pub fn answer_headers(checked: &Checked, opts: &HeaderOptions) -> Vec<(HeaderNam
 pub fn merge_rate_limit_headers(checked: &Checked, opts: &HeaderOptions, headers: &mut HeaderMap) {
     let ours = rate_limit_headers(checked, opts);
     let number = |v: Option<&HeaderValue>| v?.to_str().ok()?.trim().parse::<u64>().ok();
-    let keep_legacy = headers.contains_key(RETRY_AFTER)
-        || number(headers.get(&X_RATELIMIT_REMAINING)).is_some_and(|theirs| {
-            let mine = ours.iter().find(|(n, _)| n == X_RATELIMIT_REMAINING);
-            number(mine.map(|(_, v)| v)).is_none_or(|mine| theirs <= mine)
-        });
+    // Only the legacy fields consult it: without them, two lookups per response are saved.
+    let keep_legacy = opts.legacy
+        && (headers.contains_key(RETRY_AFTER)
+            || number(headers.get(&X_RATELIMIT_REMAINING)).is_some_and(|theirs| {
+                let mine = ours.iter().find(|(n, _)| n == X_RATELIMIT_REMAINING);
+                number(mine.map(|(_, v)| v)).is_none_or(|mine| theirs <= mine)
+            }));
     for (name, ours) in ours {
-        let merged = match headers.get(&name) {
-            None => ours,
-            Some(theirs) if name == RATELIMIT_POLICY || name == RATELIMIT => {
-                let mut buf = BytesMut::with_capacity(ours.len() + 2 + theirs.len());
-                buf.put_slice(ours.as_bytes());
-                buf.put_slice(b", ");
-                buf.put_slice(theirs.as_bytes());
-                value(buf.freeze())
+        // One lookup for the usual response that has none of these fields yet.
+        let mut slot = match headers.entry(name) {
+            Entry::Vacant(slot) => {
+                slot.insert(ours);
+                continue;
             }
-            Some(theirs) if name == RETRY_AFTER => {
-                if number(Some(theirs)) >= number(Some(&ours)) {
-                    continue;
-                }
-                ours
-            }
-            Some(_) if keep_legacy => continue,
-            Some(_) => ours,
+            Entry::Occupied(slot) => slot,
         };
-        headers.insert(name, merged);
+        let theirs = slot.get();
+        let merged = if slot.key() == RATELIMIT_POLICY || slot.key() == RATELIMIT {
+            let mut buf = BytesMut::with_capacity(ours.len() + 2 + theirs.len());
+            buf.put_slice(ours.as_bytes());
+            buf.put_slice(b", ");
+            buf.put_slice(theirs.as_bytes());
+            value(buf.freeze())
+        } else if slot.key() == RETRY_AFTER {
+            if number(Some(theirs)) >= number(Some(&ours)) {
+                continue;
+            }
+            ours
+        } else if keep_legacy {
+            continue;
+        } else {
+            ours
+        };
+        slot.insert(merged);
     }
 }
 

@@ -43,15 +43,14 @@ impl Limiter {
         items: &[CheckItem<'_>],
     ) -> Result<MultiDecision, StoreError> {
         let inner = &*self.inner;
-        let admission = inner.breaker.admit(Instant::now());
+        let start = Instant::now();
+        let admission = inner.breaker.admit(start);
         if admission == Admission::Reject {
             metrics::counter!("sluice_store_errors_total", "kind" => "circuit_open").increment(1);
             return Err(StoreError::Unavailable("circuit breaker open".into()));
         }
-        let start = Instant::now();
         let result = self.bounded(inner.store.check(items)).await;
-        metrics::histogram!("sluice_store_duration_seconds", "store" => inner.store.kind())
-            .record(start.elapsed().as_secs_f64());
+        store_duration(inner.store.kind(), start.elapsed().as_secs_f64());
         match &result {
             Ok(_) => inner.breaker.success(),
             // An invalid request says nothing about the store's health.
@@ -96,5 +95,95 @@ impl Limiter {
                 tracing::warn!(error = %e, store = inner.store.kind(), "rate limit store failed; failing {mode}");
             }
         }
+    }
+}
+
+/// `sluice_store_duration_seconds{store}`: a literal label per known store kind makes the
+/// metric key static (no allocation per call on the check path).
+fn store_duration(kind: &'static str, secs: f64) {
+    match kind {
+        "memory" => {
+            metrics::histogram!("sluice_store_duration_seconds", "store" => "memory").record(secs)
+        }
+        "redis" => {
+            metrics::histogram!("sluice_store_duration_seconds", "store" => "redis").record(secs)
+        }
+        "redis-cluster" => {
+            metrics::histogram!("sluice_store_duration_seconds", "store" => "redis-cluster")
+                .record(secs)
+        }
+        other => {
+            metrics::histogram!("sluice_store_duration_seconds", "store" => other).record(secs)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Notes the name and labels of every histogram it is asked for.
+    #[derive(Debug, Default)]
+    struct HistogramKeys(std::sync::Mutex<Vec<String>>);
+
+    impl metrics::Recorder for HistogramKeys {
+        fn describe_counter(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_gauge(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn describe_histogram(
+            &self,
+            _: metrics::KeyName,
+            _: Option<metrics::Unit>,
+            _: metrics::SharedString,
+        ) {
+        }
+        fn register_counter(
+            &self,
+            _: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Counter {
+            metrics::Counter::noop()
+        }
+        fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+            metrics::Gauge::noop()
+        }
+        fn register_histogram(
+            &self,
+            key: &metrics::Key,
+            _: &metrics::Metadata<'_>,
+        ) -> metrics::Histogram {
+            let labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("{}{{{}}}", key.name(), labels.join(",")));
+            metrics::Histogram::noop()
+        }
+    }
+
+    #[test]
+    fn store_duration_is_labelled_with_the_store_kind() {
+        let kinds = ["memory", "redis", "redis-cluster", "another-store"];
+        let keys = HistogramKeys::default();
+        metrics::with_local_recorder(&keys, || {
+            kinds.iter().for_each(|k| super::store_duration(k, 0.001))
+        });
+        let want: Vec<String> = kinds
+            .iter()
+            .map(|k| format!("sluice_store_duration_seconds{{store={k}}}"))
+            .collect();
+        assert_eq!(*keys.0.lock().unwrap(), want);
     }
 }
