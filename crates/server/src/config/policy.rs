@@ -78,12 +78,19 @@ fn check_policy(
         (Param::Lease, r.lease.as_ref().map(|v| v.span())),
     ];
     if let Some(m) = leaky_mode
-        && !kind.takes(Param::Mode)
+        && let Err(e) = kind.check_param(Param::Mode)
     {
         ck.at(
             m.span(),
             f("mode"),
-            format!("unknown mode {:?}: expected exact or leased", m.get_ref()),
+            match m.get_ref().as_str() {
+                // A leaky bucket's own modes on another algorithm.
+                "policing" | "shaping" => format!(
+                    "{e}: {:?} is a leaky-bucket mode; every algorithm takes exact or leased",
+                    m.get_ref()
+                ),
+                other => format!("unknown mode {other:?}: expected exact or leased"),
+            },
         );
     }
     for (param, span) in spans {
