@@ -2,7 +2,7 @@
 //! axum router with and without [`sluice_http::RateLimitLayer`] on the embedded store (allowed
 //! path: a limit of 1e9, one API key). No sockets, so the difference between the two rows is
 //! the layer and the limiter (identity, key, check, headers), which is the part of the HTTP
-//! cost `docs/benchmarks-http-profile.md` profiles.
+//! cost `docs/benchmarks.md` ("HTTP exact mode: the profile") profiles.
 //!
 //! `cargo bench -p sluice-http --bench layer` (set `SLUICE_BENCH_QUICK=1` for short runs).
 #![forbid(unsafe_code)]
