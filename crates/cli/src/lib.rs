@@ -10,6 +10,7 @@
 //! - [`loadtest`]: a constant-arrival-rate HTTP driver with the arithmetic's prediction beside
 //!   the measured admitted count, and an SVG plot.
 //! - [`keyslot`]: Redis Cluster slots of keys.
+//! - [`probe`]: `sluice probe URL`, the container image's health check.
 //! - [`top`]: `sluice top`, the live view of a running `sluice serve` in the terminal.
 //! - [`logging`]: which log filter applies (`SLUICE_LOG`, then `RUST_LOG`) and when to colour.
 #![forbid(unsafe_code)]
@@ -21,5 +22,6 @@ pub mod loadtest;
 pub mod logging;
 pub mod plot;
 pub mod policy_args;
+pub mod probe;
 pub mod race;
 pub mod top;

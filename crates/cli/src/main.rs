@@ -5,11 +5,14 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use sluice_cli::{admin, check, keyslot, loadtest, race, top};
+use sluice_cli::{admin, check, keyslot, loadtest, probe, race, top};
+
+/// The version and the commit the binary was built from (see `build.rs`).
+const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("SLUICE_COMMIT"), ")");
 
 /// sluice: a distributed API rate limiter.
 #[derive(Debug, Parser)]
-#[command(name = "sluice", version, about)]
+#[command(name = "sluice", version = VERSION, about)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -33,6 +36,8 @@ enum Command {
     Admin(admin::AdminArgs),
     /// The live view of a running `sluice serve` in the terminal (q or Ctrl-C quits).
     Top(top::TopArgs),
+    /// GET a URL and exit 0 on a 2xx answer (the container image's health check).
+    Probe(probe::ProbeArgs),
     /// Print the Lua scripts (and the Function library) with their KEYS/ARGV contracts.
     Scripts {
         /// Print only these scripts (token-bucket, gcra, leaky-bucket, fixed-window,
@@ -49,6 +54,10 @@ fn main() -> ExitCode {
     sluice_cli::logging::init();
     match cli.command {
         Command::Validate(args) => sluice_server::cli::validate(args),
+        Command::Probe(args) => match probe::run(&args) {
+            Ok(_) => ExitCode::SUCCESS,
+            Err(e) => fail(&e),
+        },
         Command::Keyslot(args) => match keyslot::run(&args) {
             Ok(lines) => {
                 let mut out = std::io::stdout().lock();
@@ -155,7 +164,9 @@ async fn run_async(command: Command) -> ExitCode {
             }
             Err(e) => fail(&e),
         },
-        Command::Validate(_) | Command::Keyslot(_) | Command::Scripts { .. } => ExitCode::SUCCESS,
+        Command::Validate(_) | Command::Keyslot(_) | Command::Scripts { .. } | Command::Probe(_) => {
+            ExitCode::SUCCESS
+        }
     }
 }
 

@@ -293,3 +293,24 @@ fn scripts_prints_every_script_with_its_contract() {
         &out[..out.len().min(80)]
     );
 }
+
+#[test]
+fn version_names_the_release_and_the_commit() {
+    let (code, out, _) = sluice(&["--version"]);
+    assert_eq!(code, 0);
+    let line = out.trim();
+    let expected_commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    assert!(
+        line.starts_with(&format!("sluice {} (", env!("CARGO_PKG_VERSION"))),
+        "{line}"
+    );
+    if let Some(commit) = expected_commit {
+        assert!(line.contains(&commit), "{line} does not name commit {commit}");
+    }
+}

@@ -50,10 +50,14 @@ impl Shared {
             limiter,
             generation: 1,
         };
+        // The recorder first, so the series below are recorded from the first second.
+        let metrics = metrics_handle();
+        metrics::gauge!("sluice_config_generation").set(1.0);
+        zero_series(&rt);
         Shared(Arc::new(Inner {
             current: RwLock::new(Arc::new(rt)),
             reload: tokio::sync::Mutex::new(()),
-            metrics: metrics_handle(),
+            metrics,
             stats,
         }))
     }
@@ -76,6 +80,7 @@ impl Shared {
             generation,
         });
         metrics::gauge!("sluice_config_generation").set(generation as f64);
+        zero_series(&cur);
         generation
     }
 
@@ -121,6 +126,14 @@ pub async fn build_limiter(config: &Config) -> Result<Limiter, StoreError> {
         .timeout(config.store.timeout)
         .key_scheme(KeyScheme::with_prefix(config.store.key_prefix.clone()))
         .build())
+}
+
+/// [`crate::stats::prometheus::zero_series`] for the policies of `rt`.
+fn zero_series(rt: &Runtime) {
+    crate::stats::prometheus::zero_series(
+        rt.config.policies.keys().map(String::as_str),
+        rt.limiter.store().kind(),
+    );
 }
 
 /// Asks the store a question that writes nothing (a cost-0 peek on a probe key) to learn

@@ -1,6 +1,7 @@
 //! `examples/grafana/sluice.json` queries only metrics that `sluice serve` exports: every
-//! metric name in its queries is found in `/metrics` of a real server (on a real
-//! redis-server, stopped midway so the store's error and failure counters exist too).
+//! metric name in its queries is found in `/metrics` of a real server on a real redis-server,
+//! first while it is fresh (no request yet: every panel must show 0, not "No data"), then
+//! after traffic, a reload and the store's loss.
 #![cfg(feature = "testing")]
 
 mod common;
@@ -65,6 +66,29 @@ async fn every_metric_the_dashboard_queries_is_exported() {
     );
     let s = start(&toml).await;
     let c = client();
+    let fresh = c
+        .get(s.url("/metrics"))
+        .bearer_auth("t")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let missing: Vec<&String> = names.iter().filter(|n| !exported(&fresh, n)).collect();
+    assert!(
+        missing.is_empty(),
+        "a fresh instance does not export {missing:?}\n{fresh}"
+    );
+    for zero in [
+        "sluice_config_generation 1",
+        "sluice_store_errors_total{kind=\"timeout\"} 0",
+        "sluice_store_failures_total{mode=\"open\"} 0",
+        "sluice_config_reloads_total{result=\"ok\"} 0",
+        "sluice_decisions_total{policy=\"api\",outcome=\"denied\"} 0",
+    ] {
+        assert!(fresh.lines().any(|l| l == zero), "no line {zero:?} in\n{fresh}");
+    }
     let check = |who: &'static str| {
         let c = c.clone();
         let url = s.url("/v1/check");

@@ -32,6 +32,51 @@ pub fn set_top_gauges(stats: &Stats) {
     }
 }
 
+/// Every outcome a decision is counted under (`sluice_decisions_total{outcome}`).
+pub const OUTCOMES: &[&str] = &[
+    "allowed",
+    "denied",
+    "shadow_denied",
+    "failed_open",
+    "failed_closed",
+    "overloaded",
+    "banned",
+    "deny_listed",
+];
+
+/// Registers, at zero, the series that dashboards query, so that a fresh instance with no
+/// traffic answers every panel with 0 rather than "No data": each configured policy's
+/// decision counters and latency histograms, the store's error and failure counters, the
+/// reload counters, the decision API's counters and the open-connection gauges. Registering an existing series changes
+/// nothing, so this runs again after each reload for the policies it added.
+pub fn zero_series<'a>(policies: impl Iterator<Item = &'a str>, store: &'static str) {
+    for policy in policies {
+        for outcome in OUTCOMES {
+            metrics::counter!("sluice_decisions_total", "policy" => policy.to_string(), "outcome" => *outcome)
+                .increment(0);
+        }
+        let _ = metrics::histogram!("sluice_decision_duration_seconds", "policy" => policy.to_string());
+        let _ = metrics::histogram!("sluice_store_call_duration_seconds", "policy" => policy.to_string());
+    }
+    let _ = metrics::histogram!("sluice_store_duration_seconds", "store" => store);
+    for kind in ["timeout", "unavailable", "backend", "circuit_open"] {
+        metrics::counter!("sluice_store_errors_total", "kind" => kind).increment(0);
+    }
+    for mode in ["open", "closed"] {
+        metrics::counter!("sluice_store_failures_total", "mode" => mode).increment(0);
+    }
+    for result in ["ok", "error", "refused"] {
+        metrics::counter!("sluice_config_reloads_total", "result" => result).increment(0);
+    }
+    for endpoint in ["check", "release"] {
+        metrics::counter!("sluice_api_requests_total", "endpoint" => endpoint, "status" => "200")
+            .increment(0);
+    }
+    for listener in ["http", "grpc", "proxy", "admin"] {
+        metrics::gauge!("sluice_connections_open", "listener" => listener).increment(0.0);
+    }
+}
+
 /// Describes the metrics of this module.
 pub fn describe() {
     metrics::describe_histogram!(
