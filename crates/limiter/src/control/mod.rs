@@ -10,9 +10,16 @@
 //! Decisions read only the local tables ([`tables`]), so a banned or denied flood costs the
 //! store nothing and an idle control plane costs one atomic load per check. Where the tables
 //! live depends on the store: on the embedded store they are the truth; on Redis and Valkey
-//! (Cluster included) the truth is a few hashes under one hash tag plus a version counter
-//! ([`redis`]), and every instance polls the version every 250 ms and reloads the hashes when
-//! it moves, so a change reaches every instance's next decision within a second.
+//! (Cluster included) the truth is a few hashes under one hash tag plus a change log
+//! ([`redis`]), and every instance reads the log from where it stopped every 250 ms, so a
+//! change reaches every instance's next decision within a second and costs each instance
+//! O(changes), whatever the size of the tables. A slow or unreachable control plane never
+//! touches a check: checks keep deciding from the last snapshot, and
+//! [`ControlPlane::snapshot_age`] says how old it is.
+//!
+//! Every table has a maximum ([`ControlLimits`]); a write beyond it is refused with
+//! [`ControlError::Full`]. Entries with an end are removed after it by a periodic sweep, in
+//! memory and in the store.
 
 pub(crate) mod hook;
 pub mod listing;
@@ -29,11 +36,123 @@ use parking_lot::{Mutex, RwLock};
 use sluice_core::{Algorithm, Clock, Policy, StoreError, SystemClock};
 
 pub use listing::{ControlListing, ListedBan, ListedEntry, ListedOverride};
-pub use tables::{BanEntry, ListEntry, OverrideEntry, OverrideTarget};
+pub use tables::{BanEntry, ListEntry, OverrideEntry, OverrideTarget, TableSizes};
 use tables::{Found, Now, Tables};
 
-/// How often an instance on a shared store asks whether the control entries changed.
+/// How often an instance on a shared store reads the changes of the control entries.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+/// How often entries that ended are removed.
+pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// The most list entries one [`ControlPlane::list_add_many`] takes.
+pub const MAX_BULK: usize = 10_000;
+
+/// The most entries of each control table (`[control]` in the server's configuration).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ControlLimits {
+    /// Runtime allow-list entries (default 1,000,000).
+    pub max_allow: u64,
+    /// Runtime deny-list entries (default 2,000,000).
+    pub max_deny: u64,
+    /// Bans, one per identity and scope, automatic ones included (default 1,000,000).
+    pub max_bans: u64,
+    /// Overrides, one per policy and identity (default 1,000,000).
+    pub max_overrides: u64,
+    /// The largest request body the HTTP control endpoints read, in bytes (default 6 MiB:
+    /// a bulk import of [`MAX_BULK`] entries fits). The control plane itself ignores it.
+    pub max_body_bytes: u64,
+}
+
+impl Default for ControlLimits {
+    fn default() -> Self {
+        ControlLimits {
+            max_allow: 1_000_000,
+            max_deny: 2_000_000,
+            max_bans: 1_000_000,
+            max_overrides: 1_000_000,
+            max_body_bytes: 6 << 20,
+        }
+    }
+}
+
+impl ControlLimits {
+    fn max_of(&self, table: Table) -> u64 {
+        match table {
+            Table::Overrides => self.max_overrides,
+            Table::Bans => self.max_bans,
+            Table::Allow => self.max_allow,
+            Table::Deny => self.max_deny,
+        }
+    }
+}
+
+/// Why a change was not made.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    /// The table holds its most entries already; nothing changed.
+    #[error("the {table} table is full: it holds at most {max} entries (control.max_{table})")]
+    Full {
+        /// `allow`, `deny`, `bans` or `overrides`.
+        table: &'static str,
+        /// Its most entries.
+        max: u64,
+    },
+    /// The store refused or did not answer, or the request was invalid
+    /// ([`StoreError::Invalid`]); nothing changed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// One control table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Table {
+    Overrides,
+    Bans,
+    Allow,
+    Deny,
+}
+
+impl Table {
+    fn of(kind: ListKind) -> Self {
+        match kind {
+            ListKind::Allow => Table::Allow,
+            ListKind::Deny => Table::Deny,
+        }
+    }
+
+    /// Its name in messages and in `control.max_*`.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Table::Overrides => "overrides",
+            Table::Bans => "bans",
+            Table::Allow => "allow",
+            Table::Deny => "deny",
+        }
+    }
+
+    /// Its one-letter code in the store's log and expiry set.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    fn code(self) -> &'static str {
+        match self {
+            Table::Overrides => "o",
+            Table::Bans => "b",
+            Table::Allow => "a",
+            Table::Deny => "d",
+        }
+    }
+
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    fn from_code(code: &str) -> Option<Self> {
+        Some(match code {
+            "o" => Table::Overrides,
+            "b" => Table::Bans,
+            "a" => Table::Allow,
+            "d" => Table::Deny,
+            _ => return None,
+        })
+    }
+}
 
 /// A policy's automatic ban: `after` denials within `within_ms` ban the identity for
 /// `duration_ms`; each ban while the previous one's level is remembered lasts `multiplier`
@@ -75,6 +194,8 @@ pub struct ControlConfig {
     pub allow: Vec<ListEntry>,
     /// Identities and networks refused by every policy.
     pub deny: Vec<ListEntry>,
+    /// The most entries of each table.
+    pub limits: ControlLimits,
 }
 
 /// Which list.
@@ -118,7 +239,8 @@ struct Strikes {
     levels: HashMap<(String, String), (u32, u64)>,
 }
 
-/// The most identities whose denials the embedded backend counts at once.
+/// The most identities whose denials (and escalation levels) the embedded backend counts
+/// at once.
 const MAX_STRIKE_ENTRIES: usize = 100_000;
 
 #[derive(Debug)]
@@ -157,7 +279,9 @@ impl ControlPlane {
     }
 
     /// A control plane kept in the Redis or Valkey behind `store`, under keys of `prefix`;
-    /// starts polling for changes (needs a Tokio runtime).
+    /// starts reading changes and sweeping ended entries (needs a Tokio runtime). `store`
+    /// should be a connection of its own with a generous timeout ([`connect`] makes one),
+    /// so control traffic never shares the checks' connection or timeout.
     #[cfg(feature = "redis")]
     pub fn redis(store: Arc<sluice_redis::RedisStore>, prefix: &str) -> Self {
         let backend = Backend::Redis(redis::RedisControl::new(store, prefix));
@@ -180,6 +304,7 @@ impl ControlPlane {
             me: std::sync::OnceLock::new(),
         });
         let _ = shared.me.set(Arc::downgrade(&shared));
+        spawn_sweeper(Arc::downgrade(&shared));
         ControlPlane { shared }
     }
 
@@ -218,13 +343,79 @@ impl ControlPlane {
         ttl.map(|t| self.now_ms().saturating_add(t.as_millis() as u64))
     }
 
-    /// Reads the entries from the store now (a no-op for the local backend).
+    /// Reads the changes from the store now (a no-op for the local backend): the log since
+    /// the last read, or every table when there was no read yet.
     pub async fn refresh(&self) -> Result<(), StoreError> {
         match &self.shared.backend {
             Backend::Local => Ok(()),
             #[cfg(feature = "redis")]
-            Backend::Redis(r) => r.reload(&self.shared).await,
+            Backend::Redis(r) => r.sync(&self.shared).await,
         }
+    }
+
+    /// How old the snapshot that checks read is: the time since it was last brought up to
+    /// date with the store (zero for the local backend, whose tables are the truth; `None`
+    /// before the first read).
+    pub fn snapshot_age(&self) -> Option<Duration> {
+        match &self.shared.backend {
+            Backend::Local => Some(Duration::ZERO),
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => r.snapshot_age(),
+        }
+    }
+
+    /// How many runtime entries each table holds in this instance's memory.
+    pub fn sizes(&self) -> TableSizes {
+        self.shared.tables.read().sizes()
+    }
+
+    /// How many times the tables were read from the store in full (0 for the local
+    /// backend): once at start, then only when this instance fell behind the change log.
+    pub fn full_reads(&self) -> u64 {
+        match &self.shared.backend {
+            Backend::Local => 0,
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => r.full_reads(),
+        }
+    }
+
+    /// The entries of each table in the store: `overrides`, `bans`, `allow`, `deny` and
+    /// the escalation `levels` (`None` for the local backend, whose memory is the store).
+    pub async fn store_sizes(&self) -> Result<Option<Vec<(&'static str, u64)>>, StoreError> {
+        match &self.shared.backend {
+            Backend::Local => Ok(None),
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => Ok(Some(r.store_sizes().await?.to_vec())),
+        }
+    }
+
+    /// The escalation levels the embedded backend remembers (automatic bans).
+    pub fn local_levels(&self) -> usize {
+        self.shared.strikes.lock().levels.len()
+    }
+
+    /// The table limits in force.
+    pub fn limits(&self) -> ControlLimits {
+        self.shared.limits()
+    }
+
+    /// Refuses adding one runtime entry to `table` of the local backend when it is full.
+    fn room_for(&self, table: Table, exists: bool) -> Result<(), ControlError> {
+        let max = self.shared.limits().max_of(table);
+        let sizes = self.sizes();
+        let size = match table {
+            Table::Overrides => sizes.overrides,
+            Table::Bans => sizes.bans,
+            Table::Allow => sizes.allow,
+            Table::Deny => sizes.deny,
+        } as u64;
+        if !exists && size >= max {
+            return Err(ControlError::Full {
+                table: table.name(),
+                max,
+            });
+        }
+        Ok(())
     }
 
     /// Binds `identity` of `policy` to `target`, for `ttl` or until removed.
@@ -234,7 +425,7 @@ impl ControlPlane {
         identity: &str,
         target: OverrideTarget,
         ttl: Option<Duration>,
-    ) -> Result<OverrideEntry, StoreError> {
+    ) -> Result<OverrideEntry, ControlError> {
         valid_identity(identity)?;
         let entry = OverrideEntry {
             target,
@@ -242,6 +433,8 @@ impl ControlPlane {
         };
         match &self.shared.backend {
             Backend::Local => {
+                let exists = self.shared.tables.read().has_override(policy, identity);
+                self.room_for(Table::Overrides, exists)?;
                 self.shared
                     .tables
                     .write()
@@ -262,7 +455,7 @@ impl ControlPlane {
         &self,
         policy: &str,
         identity: &str,
-    ) -> Result<Option<OverrideEntry>, StoreError> {
+    ) -> Result<Option<OverrideEntry>, ControlError> {
         self.refresh().await?;
         let now = self.now_ms();
         Ok(self
@@ -274,7 +467,11 @@ impl ControlPlane {
     }
 
     /// Removes an override; returns whether there was one.
-    pub async fn remove_override(&self, policy: &str, identity: &str) -> Result<bool, StoreError> {
+    pub async fn remove_override(
+        &self,
+        policy: &str,
+        identity: &str,
+    ) -> Result<bool, ControlError> {
         let removed = match &self.shared.backend {
             Backend::Local => self.shared.tables.write().remove_override(policy, identity),
             #[cfg(feature = "redis")]
@@ -290,7 +487,7 @@ impl ControlPlane {
         identity: &str,
         duration: Duration,
         policies: Option<Vec<String>>,
-    ) -> Result<BanEntry, StoreError> {
+    ) -> Result<BanEntry, ControlError> {
         valid_identity(identity)?;
         let policies = policies.map(|mut ps| {
             ps.sort();
@@ -304,7 +501,15 @@ impl ControlPlane {
                 .saturating_add(duration.as_millis().max(1) as u64),
         };
         match &self.shared.backend {
-            Backend::Local => self.shared.tables.write().add_ban(identity, ban.clone()),
+            Backend::Local => {
+                let exists = self
+                    .shared
+                    .tables
+                    .read()
+                    .has_ban(identity, ban.policies.as_deref());
+                self.room_for(Table::Bans, exists)?;
+                self.shared.tables.write().add_ban(identity, ban.clone())
+            }
             #[cfg(feature = "redis")]
             Backend::Redis(r) => r.ban(&self.shared, identity, &ban).await?,
         }
@@ -313,7 +518,7 @@ impl ControlPlane {
     }
 
     /// Lifts every ban of `identity`; returns whether there was one.
-    pub async fn unban(&self, identity: &str) -> Result<bool, StoreError> {
+    pub async fn unban(&self, identity: &str) -> Result<bool, ControlError> {
         let removed = match &self.shared.backend {
             Backend::Local => self.shared.tables.write().remove_bans(identity),
             #[cfg(feature = "redis")]
@@ -338,10 +543,14 @@ impl ControlPlane {
         kind: ListKind,
         entry: &ListEntry,
         ttl: Option<Duration>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), ControlError> {
         let expires = self.expiry(ttl);
         match &self.shared.backend {
-            Backend::Local => self.shared.tables.write().list_insert(kind, entry, expires),
+            Backend::Local => {
+                let exists = self.shared.tables.read().has_runtime(kind, entry);
+                self.room_for(Table::of(kind), exists)?;
+                self.shared.tables.write().list_insert(kind, entry, expires)
+            }
             #[cfg(feature = "redis")]
             Backend::Redis(r) => r.list_add(&self.shared, kind, entry, expires).await?,
         }
@@ -349,9 +558,72 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// Adds up to [`MAX_BULK`] entries to a list, for `ttl` or until removed: all or
+    /// nothing (a full table refuses the whole call). Returns how many distinct entries
+    /// were written.
+    pub async fn list_add_many(
+        &self,
+        kind: ListKind,
+        entries: &[ListEntry],
+        ttl: Option<Duration>,
+    ) -> Result<usize, ControlError> {
+        if entries.len() > MAX_BULK {
+            return Err(StoreError::Invalid(format!(
+                "at most {MAX_BULK} entries per call, not {}",
+                entries.len()
+            ))
+            .into());
+        }
+        let mut seen = std::collections::HashSet::with_capacity(entries.len());
+        let distinct: Vec<ListEntry> = entries
+            .iter()
+            .map(|e| match e {
+                ListEntry::Net(n) => ListEntry::Net(n.trunc()),
+                other => other.clone(),
+            })
+            .filter(|e| seen.insert(e.clone()))
+            .collect();
+        let expires = self.expiry(ttl);
+        match &self.shared.backend {
+            Backend::Local => {
+                let table = Table::of(kind);
+                let max = self.shared.limits().max_of(table);
+                let mut tables = self.shared.tables.write();
+                let new = distinct
+                    .iter()
+                    .filter(|e| !tables.has_runtime(kind, e))
+                    .count();
+                let size = match kind {
+                    ListKind::Allow => tables.sizes().allow,
+                    ListKind::Deny => tables.sizes().deny,
+                };
+                if (size + new) as u64 > max {
+                    return Err(ControlError::Full {
+                        table: table.name(),
+                        max,
+                    });
+                }
+                for e in &distinct {
+                    tables.list_insert(kind, e, expires);
+                }
+            }
+            #[cfg(feature = "redis")]
+            Backend::Redis(r) => {
+                r.list_add_many(&self.shared, kind, &distinct, expires)
+                    .await?
+            }
+        }
+        self.shared.update_active();
+        Ok(distinct.len())
+    }
+
     /// Removes `entry` from a list; returns whether it was there (runtime entries only: the
     /// file's entries stay until the file changes).
-    pub async fn list_remove(&self, kind: ListKind, entry: &ListEntry) -> Result<bool, StoreError> {
+    pub async fn list_remove(
+        &self,
+        kind: ListKind,
+        entry: &ListEntry,
+    ) -> Result<bool, ControlError> {
         let removed = match &self.shared.backend {
             Backend::Local => self.shared.tables.write().list_remove(kind, entry),
             #[cfg(feature = "redis")]
@@ -474,9 +746,13 @@ impl ControlPlane {
             _ => 0,
         };
         let until = now.saturating_add(rule.duration_at(level));
-        s.levels.retain(|_, (_, forget_at)| *forget_at > now);
-        s.levels
-            .insert(key, (level + 1, until.saturating_add(rule.max_ms)));
+        if s.levels.len() >= MAX_STRIKE_ENTRIES && !s.levels.contains_key(&key) {
+            s.levels.retain(|_, (_, forget_at)| *forget_at > now);
+        }
+        if s.levels.len() < MAX_STRIKE_ENTRIES || s.levels.contains_key(&key) {
+            s.levels
+                .insert(key, (level + 1, until.saturating_add(rule.max_ms)));
+        }
         Some(BanEntry {
             policies: Some(vec![policy.to_string()]),
             until_ms: until,
@@ -493,6 +769,58 @@ impl Shared {
         let on = !self.tables.read().is_empty();
         self.active.store(on, Ordering::Relaxed);
     }
+
+    fn limits(&self) -> ControlLimits {
+        self.configured.read().config.limits
+    }
+
+    /// Removes what ended from memory (and the store's tables on Redis): the tables in
+    /// batches, each under a short write lock, then the embedded backend's strike counters
+    /// and escalation levels.
+    async fn sweep(&self) {
+        #[cfg(feature = "redis")]
+        if let Backend::Redis(r) = &self.backend
+            && let Err(e) = r.sweep(self, 20).await
+        {
+            tracing::debug!(error = %e, "control plane: ended entries not swept this time");
+        }
+        let now = self.now_ms();
+        let mut removed = 0;
+        loop {
+            let n = self.tables.write().sweep(now, 512);
+            removed += n;
+            if n < 512 {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        if removed > 0 {
+            self.update_active();
+        }
+        let rules = self.configured.read().config.bans.clone();
+        let mut s = self.strikes.lock();
+        s.levels.retain(|_, (_, forget_at)| *forget_at > now);
+        s.counts.retain(|(policy, _), (_, start)| {
+            rules
+                .get(policy)
+                .is_some_and(|r| now < start.saturating_add(r.within_ms))
+        });
+    }
+}
+
+/// Sweeps ended entries every [`SWEEP_INTERVAL`] until the control plane is dropped (only
+/// inside a Tokio runtime; without one, ended entries stay in memory, inert, until removed).
+fn spawn_sweeper(weak: std::sync::Weak<Shared>) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    handle.spawn(async move {
+        loop {
+            tokio::time::sleep(SWEEP_INTERVAL).await;
+            let Some(shared) = weak.upgrade() else { return };
+            shared.sweep().await;
+        }
+    });
 }
 
 /// Connects to the store named by `url` together with the control plane that belongs to it:
@@ -506,7 +834,14 @@ pub async fn connect(
     #[cfg(feature = "redis")]
     if let crate::StoreUrl::Redis(u) = url {
         let store = Arc::new(sluice_redis::connect(u, options.redis_options()).await?);
-        let control = ControlPlane::redis(Arc::clone(&store), prefix);
+        // The control plane's own connection, with its own timeout: reading or writing
+        // control entries never waits behind checks, and checks never behind them.
+        let mut control_options = options.redis_options();
+        control_options.timeout = redis::READ_TIMEOUT;
+        control_options.unresponsive_after = redis::READ_TIMEOUT;
+        control_options.batch = false;
+        let own = Arc::new(sluice_redis::connect(u, control_options).await?);
+        let control = ControlPlane::redis(own, prefix);
         control.refresh().await?;
         return Ok((store, control));
     }

@@ -1,126 +1,119 @@
-//! The control plane on Redis and Valkey: the entries in hashes, one version counter, all
+//! The control plane on Redis and Valkey: the entries in hashes, every change in a log, all
 //! under the hash tag `{PREFIX:control}` so one script can touch them all on a Cluster.
 //!
 //! | key | field | value |
 //! |---|---|---|
-//! | `PREFIX:{PREFIX:control}:version` | | incremented by every change |
-//! | `...:overrides` | `POLICY\nIDENTITY` | `EXPIRES\nplan:NAME` or `EXPIRES\nparams:JSON` |
+//! | `PREFIX:{PREFIX:control}:overrides` | `POLICY\nIDENTITY` | `EXPIRES\nplan:NAME` or `EXPIRES\nparams:JSON` |
 //! | `...:bans` | `IDENTITY\n*` or `IDENTITY\nP1,P2` | `UNTIL` |
 //! | `...:allow`, `...:deny` | entry | `EXPIRES` |
 //! | `...:levels` | `POLICY\nIDENTITY` | `LEVEL:FORGET_AT` |
+//! | `...:log` | a stream: `t` = table code (`o`, `b`, `a`, `d`), then `+FIELD` = value or `-FIELD` | |
+//! | `...:expiry` | a sorted set: `CODE\nFIELD` scored by its end | |
+//! | `...:bans_of:IDENTITY` | a set of the identity's ban fields | |
 //! | `...:strikes:POLICY\nIDENTITY` | | denials in the current `within` window (PX) |
 //!
-//! Times are Unix ms, `0` = never. Each write prunes its hash of expired entries. Instances
-//! poll the version every [`super::POLL_INTERVAL`] (one `GET`) and, when it moved, read
-//! every hash in one script call.
+//! Times are Unix ms, `0` = never. Why this shape: every write is one script of O(1) work
+//! (set the field, queue its end, append to the log, capped with `MAXLEN ~`), so no write
+//! grows with the table. Every instance reads the log from its last id every
+//! [`super::POLL_INTERVAL`], so a change costs each instance O(changes); it reads the tables
+//! in full (chunked `HSCAN`, never one long script) only at start and when the log was
+//! trimmed past its last id. A periodic sweep removes entries that ended, in small batches,
+//! and logs the removals. All of it runs on the control plane's own connection with its own
+//! timeout ([`READ_TIMEOUT`]), never inside a check's store timeout; checks read only the
+//! last snapshot in memory.
 
 use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 use sluice_core::StoreError;
 use sluice_redis::RedisStore;
 use sluice_redis::redis::{self, Value};
 
 use super::tables::{self, Tables};
-use super::{BanEntry, BanRule, ListEntry, ListKind, OverrideEntry, Shared};
+use super::{BanEntry, BanRule, ControlError, ListEntry, ListKind, OverrideEntry, Shared, Table};
 
-/// KEYS: hash, version. ARGV: field, value, now_ms.
-/// Sets the field, drops the hash's expired fields, bumps the version.
-const PUT: &str = r#"
-local now = tonumber(ARGV[3])
-local all = redis.call('HGETALL', KEYS[1])
-for i = 1, #all, 2 do
-  local e = tonumber(string.match(all[i + 1], '^(%d+)'))
-  if e and e > 0 and e <= now then redis.call('HDEL', KEYS[1], all[i]) end
-end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-return redis.call('INCR', KEYS[2])
-"#;
+const PUT: &str = include_str!("lua/put.lua");
+const PUT_MANY: &str = include_str!("lua/put_many.lua");
+const DELETE: &str = include_str!("lua/delete.lua");
+const UNBAN: &str = include_str!("lua/unban.lua");
+const SWEEP: &str = include_str!("lua/sweep.lua");
+const STRIKE: &str = include_str!("lua/strike.lua");
 
-/// KEYS: hash, version. ARGV: field, mode (`exact` or `prefix`).
-/// Deletes the field (or every field starting with it); bumps the version if any went.
-const DELETE: &str = r#"
-local n = 0
-if ARGV[2] == 'prefix' then
-  local fields = redis.call('HKEYS', KEYS[1])
-  for _, f in ipairs(fields) do
-    if string.sub(f, 1, #ARGV[1]) == ARGV[1] then n = n + redis.call('HDEL', KEYS[1], f) end
-  end
-else
-  n = redis.call('HDEL', KEYS[1], ARGV[1])
-end
-if n > 0 then redis.call('INCR', KEYS[2]) end
-return n
-"#;
+/// The longest one call of the control plane may take (its own connection).
+pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// KEYS: version, overrides, bans, allow, deny. Returns the version and each hash.
-const LOAD: &str = r#"
-return {
-  tonumber(redis.call('GET', KEYS[1]) or '0'),
-  redis.call('HGETALL', KEYS[2]),
-  redis.call('HGETALL', KEYS[3]),
-  redis.call('HGETALL', KEYS[4]),
-  redis.call('HGETALL', KEYS[5]),
-}
-"#;
+/// The change log keeps about this many records (`XADD MAXLEN ~`). An instance further
+/// behind reads the tables in full.
+const LOG_LENGTH: &str = "100000";
 
-/// KEYS: strikes, levels, bans, version. ARGV: pair field, ban field, after, within_ms,
-/// duration_ms, multiplier, max_ms, now_ms.
-/// Counts one denial; at `after`, bans for the escalated duration and returns its end.
-/// A denial while the ban exists is not counted (another instance's late denials).
-const STRIKE: &str = r#"
-local now = tonumber(ARGV[8])
-local ban = tonumber(redis.call('HGET', KEYS[3], ARGV[2]) or '0')
-if ban > now then return 0 end
-local n = redis.call('INCR', KEYS[1])
-if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[4]) end
-if n < tonumber(ARGV[3]) then return 0 end
-redis.call('DEL', KEYS[1])
-local level = 0
-local raw = redis.call('HGET', KEYS[2], ARGV[1])
-if raw then
-  local l, forget = string.match(raw, '^(%d+):(%d+)$')
-  if l and tonumber(forget) > now then level = tonumber(l) end
-end
-local max = tonumber(ARGV[7])
-local d = tonumber(ARGV[5]) * (tonumber(ARGV[6]) ^ level)
-if d > max then d = max end
-if d < 1 then d = 1 end
-d = math.floor(d)
-local untl = now + d
-redis.call('HSET', KEYS[2], ARGV[1], (level + 1) .. ':' .. (untl + max))
-redis.call('HSET', KEYS[3], ARGV[2], untl)
-redis.call('INCR', KEYS[4])
-return untl
-"#;
+/// Log records read per call.
+const LOG_BATCH: usize = 1000;
+
+/// Hash fields read per `HSCAN` call of a full read.
+const SCAN_BATCH: &str = "5000";
+
+/// Ended entries removed per sweep call (each call is a short script).
+const SWEEP_BATCH: usize = 500;
 
 #[derive(Debug)]
 pub(crate) struct RedisControl {
+    /// The control plane's own connection.
     store: Arc<RedisStore>,
-    version: String,
     overrides: String,
     bans: String,
     allow: String,
     deny: String,
     levels: String,
+    log: String,
+    expiry: String,
+    bans_of: String,
     strikes: String,
-    /// The version the tables were last loaded at.
-    loaded: parking_lot::Mutex<Option<i64>>,
+    /// The id of the last log record applied; `None` until the first full read.
+    last_id: tokio::sync::Mutex<Option<String>>,
+    /// When the snapshot was last known to be up to date with the store.
+    synced_at: parking_lot::Mutex<Option<Instant>>,
+    /// Full reads so far (the first, and each time the log was trimmed past this instance).
+    full_reads: std::sync::atomic::AtomicU64,
+}
+
+/// One record of the log: its id, table and changes (`None`: removed).
+struct Record {
+    id: String,
+    table: Option<Table>,
+    changes: Vec<(String, Option<String>)>,
 }
 
 impl RedisControl {
     pub(crate) fn new(store: Arc<RedisStore>, prefix: &str) -> Self {
         let key = |name: &str| store.server_key(&format!("{prefix}:{{{prefix}:control}}:{name}"));
         RedisControl {
-            version: key("version"),
             overrides: key("overrides"),
             bans: key("bans"),
             allow: key("allow"),
             deny: key("deny"),
             levels: key("levels"),
+            log: key("log"),
+            expiry: key("expiry"),
+            bans_of: key("bans_of:"),
             strikes: key("strikes:"),
             store,
-            loaded: parking_lot::Mutex::new(None),
+            last_id: tokio::sync::Mutex::new(None),
+            synced_at: parking_lot::Mutex::new(None),
+            full_reads: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    fn hash(&self, table: Table) -> &str {
+        match table {
+            Table::Overrides => &self.overrides,
+            Table::Bans => &self.bans,
+            Table::Allow => &self.allow,
+            Table::Deny => &self.deny,
+        }
+    }
+
+    fn ban_index(&self, identity: &str) -> String {
+        format!("{}{identity}", self.bans_of)
     }
 
     async fn eval(
@@ -140,31 +133,62 @@ impl RedisControl {
         self.store.command(&cmd).await
     }
 
+    /// How long ago the snapshot was last brought up to date with the store.
+    pub(crate) fn snapshot_age(&self) -> Option<Duration> {
+        self.synced_at.lock().map(|t| t.elapsed())
+    }
+
+    /// How many times the tables were read in full.
+    pub(crate) fn full_reads(&self) -> u64 {
+        self.full_reads.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Sets one entry; applies it to this instance's tables at once.
     async fn put(
         &self,
         shared: &Shared,
-        hash: &str,
+        table: Table,
         field: String,
         value: String,
-    ) -> Result<(), StoreError> {
-        let now = shared.now_ms().to_string();
-        self.eval(PUT, &[hash, &self.version], &[field, value, now])
-            .await?;
-        self.reload(shared).await
+        ends: Option<u64>,
+        index: Option<String>,
+    ) -> Result<(), ControlError> {
+        let max = shared.limits().max_of(table);
+        let index = index.unwrap_or_else(|| self.expiry.clone());
+        let keys = [self.hash(table), &self.log, &self.expiry, &index];
+        let args = [
+            table.code().to_string(),
+            field.clone(),
+            value.clone(),
+            ends.unwrap_or(0).to_string(),
+            max.to_string(),
+            LOG_LENGTH.to_string(),
+        ];
+        let reply = self.eval(PUT, &keys, &args).await?;
+        if first_int(&reply) == Some(0) {
+            return Err(ControlError::Full {
+                table: table.name(),
+                max,
+            });
+        }
+        apply(&mut shared.tables.write(), table, &field, Some(&value));
+        shared.update_active();
+        Ok(())
     }
 
     async fn delete(
         &self,
         shared: &Shared,
-        hash: &str,
+        table: Table,
         field: String,
-        prefix: bool,
-    ) -> Result<bool, StoreError> {
-        let mode = if prefix { "prefix" } else { "exact" };
-        let n = self
-            .eval(DELETE, &[hash, &self.version], &[field, mode.into()])
-            .await?;
-        self.reload(shared).await?;
+        index: Option<String>,
+    ) -> Result<bool, ControlError> {
+        let index = index.unwrap_or_else(|| self.expiry.clone());
+        let keys = [self.hash(table), &self.log, &self.expiry, &index];
+        let args = [table.code().to_string(), field.clone(), LOG_LENGTH.into()];
+        let n = self.eval(DELETE, &keys, &args).await?;
+        apply(&mut shared.tables.write(), table, &field, None);
+        shared.update_active();
         Ok(matches!(n, Value::Int(n) if n > 0))
     }
 
@@ -174,13 +198,16 @@ impl RedisControl {
         policy: &str,
         identity: &str,
         entry: &OverrideEntry,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), ControlError> {
         let field = tables::pair_field(policy, identity);
+        let value = tables::encode_override(entry);
         self.put(
             shared,
-            &self.overrides,
+            Table::Overrides,
             field,
-            tables::encode_override(entry),
+            value,
+            entry.expires_at_ms,
+            None,
         )
         .await
     }
@@ -190,14 +217,9 @@ impl RedisControl {
         shared: &Shared,
         policy: &str,
         identity: &str,
-    ) -> Result<bool, StoreError> {
-        self.delete(
-            shared,
-            &self.overrides,
-            tables::pair_field(policy, identity),
-            false,
-        )
-        .await
+    ) -> Result<bool, ControlError> {
+        let field = tables::pair_field(policy, identity);
+        self.delete(shared, Table::Overrides, field, None).await
     }
 
     pub(crate) async fn ban(
@@ -205,22 +227,35 @@ impl RedisControl {
         shared: &Shared,
         identity: &str,
         ban: &BanEntry,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), ControlError> {
         let field = tables::ban_field(identity, ban.policies.as_deref());
-        self.put(shared, &self.bans, field, ban.until_ms.to_string())
-            .await
+        let index = Some(self.ban_index(identity));
+        let until = ban.until_ms;
+        self.put(
+            shared,
+            Table::Bans,
+            field,
+            until.to_string(),
+            Some(until),
+            index,
+        )
+        .await
     }
 
-    pub(crate) async fn unban(&self, shared: &Shared, identity: &str) -> Result<bool, StoreError> {
-        self.delete(shared, &self.bans, format!("{identity}\n"), true)
-            .await
-    }
-
-    fn list_key(&self, kind: ListKind) -> &str {
-        match kind {
-            ListKind::Allow => &self.allow,
-            ListKind::Deny => &self.deny,
-        }
+    pub(crate) async fn unban(
+        &self,
+        shared: &Shared,
+        identity: &str,
+    ) -> Result<bool, ControlError> {
+        let index = self.ban_index(identity);
+        let known = shared.tables.read().ban_fields(identity);
+        let keys = [self.bans.as_str(), &self.log, &self.expiry, index.as_str()];
+        let mut args = vec![LOG_LENGTH.to_string()];
+        args.extend(known);
+        let n = self.eval(UNBAN, &keys, &args).await?;
+        shared.tables.write().remove_bans(identity);
+        shared.update_active();
+        Ok(matches!(n, Value::Int(n) if n > 0))
     }
 
     pub(crate) async fn list_add(
@@ -229,10 +264,45 @@ impl RedisControl {
         kind: ListKind,
         entry: &ListEntry,
         expires: Option<u64>,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), ControlError> {
         let value = tables::encode_expiry(expires);
-        self.put(shared, self.list_key(kind), entry.text(), value)
+        self.put(shared, Table::of(kind), entry.text(), value, expires, None)
             .await
+    }
+
+    /// Adds distinct entries to a list in one script, all or nothing.
+    pub(crate) async fn list_add_many(
+        &self,
+        shared: &Shared,
+        kind: ListKind,
+        entries: &[ListEntry],
+        expires: Option<u64>,
+    ) -> Result<(), ControlError> {
+        let table = Table::of(kind);
+        let max = shared.limits().max_of(table);
+        let value = tables::encode_expiry(expires);
+        let ends = expires.unwrap_or(0).to_string();
+        let mut args = Vec::with_capacity(3 + entries.len() * 3);
+        args.extend([table.code().to_string(), max.to_string(), LOG_LENGTH.into()]);
+        for e in entries {
+            args.extend([e.text(), value.clone(), ends.clone()]);
+        }
+        let keys = [self.hash(table), &self.log, &self.expiry];
+        let reply = self.eval(PUT_MANY, &keys, &args).await?;
+        if first_int(&reply) == Some(0) {
+            return Err(ControlError::Full {
+                table: table.name(),
+                max,
+            });
+        }
+        {
+            let mut t = shared.tables.write();
+            for e in entries {
+                t.list_insert(kind, e, expires);
+            }
+        }
+        shared.update_active();
+        Ok(())
     }
 
     pub(crate) async fn list_remove(
@@ -240,13 +310,13 @@ impl RedisControl {
         shared: &Shared,
         kind: ListKind,
         entry: &ListEntry,
-    ) -> Result<bool, StoreError> {
-        self.delete(shared, self.list_key(kind), entry.text(), false)
+    ) -> Result<bool, ControlError> {
+        self.delete(shared, Table::of(kind), entry.text(), None)
             .await
     }
 
     /// Counts a denial in the store, in the background; a resulting ban goes into the local
-    /// tables at once (other instances see it at their next poll).
+    /// tables at once (other instances read it from the log).
     pub(crate) fn strike(
         &self,
         shared: &Shared,
@@ -269,6 +339,7 @@ impl RedisControl {
             let scope = [policy.clone()];
             let ban_field = tables::ban_field(&identity, Some(&scope));
             let strikes = format!("{}{pair}", me.strikes);
+            let index = me.ban_index(&identity);
             let args = [
                 pair,
                 ban_field,
@@ -278,8 +349,17 @@ impl RedisControl {
                 rule.multiplier.to_string(),
                 rule.max_ms.to_string(),
                 now.to_string(),
+                shared.limits().max_bans.to_string(),
+                LOG_LENGTH.to_string(),
             ];
-            let keys = [strikes.as_str(), &me.levels, &me.bans, &me.version];
+            let keys = [
+                strikes.as_str(),
+                &me.levels,
+                &me.bans,
+                &me.log,
+                &me.expiry,
+                &index,
+            ];
             match me.eval(STRIKE, &keys, &args).await {
                 Ok(Value::Int(until)) if until > 0 => {
                     shared.tables.write().add_ban(
@@ -293,42 +373,265 @@ impl RedisControl {
                     metrics::counter!("sluice_bans_total", "policy" => policy, "source" => "automatic")
                         .increment(1);
                 }
+                Ok(Value::Int(-1)) => {
+                    tracing::warn!(policy, "automatic ban not set: the bans table is full (control.max_bans)");
+                }
                 Ok(_) => {}
                 Err(e) => tracing::debug!(error = %e, "ban strike not recorded"),
             }
         });
     }
 
-    /// Reads every hash and replaces the local tables.
-    pub(crate) async fn reload(&self, shared: &Shared) -> Result<(), StoreError> {
-        let keys = [
-            self.version.as_str(),
-            &self.overrides,
-            &self.bans,
-            &self.allow,
-            &self.deny,
-        ];
-        let reply = self.eval(LOAD, &keys, &[]).await?;
-        let (version, tables) = parse_load(reply)?;
-        let mut tables = tables;
-        let mut current = shared.tables.write();
-        tables.adopt_configured(&current);
-        *current = tables;
-        drop(current);
-        *self.loaded.lock() = Some(version);
+    /// Brings the tables up to date: the log records since the last one applied, or a full
+    /// read when there was none yet or the log no longer holds it.
+    pub(crate) async fn sync(&self, shared: &Shared) -> Result<(), StoreError> {
+        let mut last = self.last_id.lock().await;
+        if last.is_none() {
+            self.full_read(shared, &mut last).await?;
+        }
+        let mut full_reads = 0;
+        loop {
+            match self.catch_up(shared, &mut last).await? {
+                true => break,
+                false if full_reads < 3 => {
+                    full_reads += 1;
+                    tracing::info!(
+                        "control plane: the change log was trimmed past this instance's last read; reading the tables in full"
+                    );
+                    self.full_read(shared, &mut last).await?;
+                }
+                false => {
+                    return Err(StoreError::Backend(
+                        "the control plane's change log moves faster than it can be read".into(),
+                    ));
+                }
+            }
+        }
+        *self.synced_at.lock() = Some(Instant::now());
+        Ok(())
+    }
+
+    /// Applies the log from `last`; false when the log was trimmed past it.
+    async fn catch_up(
+        &self,
+        shared: &Shared,
+        last: &mut Option<String>,
+    ) -> Result<bool, StoreError> {
+        loop {
+            let from = last.clone().unwrap_or_else(|| "0-0".into());
+            let mut cmd = redis::cmd("XRANGE");
+            cmd.arg(&self.log)
+                .arg(&from)
+                .arg("+")
+                .arg("COUNT")
+                .arg(LOG_BATCH);
+            let records = parse_records(&self.store.command(&cmd).await?)?;
+            let fresh = if from == "0-0" {
+                &records[..]
+            } else {
+                match records.first() {
+                    Some(r) if r.id == from => &records[1..],
+                    _ => return Ok(false),
+                }
+            };
+            for r in fresh {
+                let Some(table) = r.table else { continue };
+                let mut t = shared.tables.write();
+                for (field, value) in &r.changes {
+                    apply(&mut t, table, field, value.as_deref());
+                }
+            }
+            if !fresh.is_empty() {
+                shared.update_active();
+            }
+            if let Some(r) = records.last() {
+                *last = Some(r.id.clone());
+            }
+            if records.len() < LOG_BATCH {
+                return Ok(true);
+            }
+        }
+    }
+
+    /// Reads every table in chunks and replaces the local tables; `last` becomes the log's
+    /// newest record as it was before the read (records after it are applied next, twice
+    /// at worst, which changes nothing).
+    async fn full_read(
+        &self,
+        shared: &Shared,
+        last: &mut Option<String>,
+    ) -> Result<(), StoreError> {
+        let mut cmd = redis::cmd("XREVRANGE");
+        cmd.arg(&self.log).arg("+").arg("-").arg("COUNT").arg(1);
+        let top = parse_records(&self.store.command(&cmd).await?)?
+            .into_iter()
+            .next()
+            .map_or_else(|| "0-0".to_string(), |r| r.id);
+        let now = shared.now_ms();
+        let mut fresh = Tables::default();
+        for table in [Table::Overrides, Table::Bans, Table::Allow, Table::Deny] {
+            let mut cursor = "0".to_string();
+            loop {
+                let mut cmd = redis::cmd("HSCAN");
+                cmd.arg(self.hash(table))
+                    .arg(&cursor)
+                    .arg("COUNT")
+                    .arg(SCAN_BATCH);
+                let reply = self.store.command(&cmd).await?;
+                let Value::Array(parts) = reply else {
+                    return Err(StoreError::Backend("unexpected HSCAN reply".into()));
+                };
+                let (Some(next), Some(items)) = (parts.first().and_then(text), parts.get(1)) else {
+                    return Err(StoreError::Backend("unexpected HSCAN reply".into()));
+                };
+                for (field, value) in pairs(items) {
+                    if !ended(table, &value, now) {
+                        apply(&mut fresh, table, &field, Some(&value));
+                    }
+                }
+                if next == "0" {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        {
+            let configured = shared.configured.read();
+            let c = &configured.config;
+            fresh.install_configured(&c.allow, &c.deny, &c.plans);
+            let old = std::mem::replace(&mut *shared.tables.write(), fresh);
+            drop(configured);
+            // Freed outside the locks (a large table takes a while to free).
+            drop(old);
+        }
+        *last = Some(top);
+        self.full_reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         shared.update_active();
         Ok(())
     }
 
-    async fn version(&self) -> Result<i64, StoreError> {
-        let mut cmd = redis::cmd("GET");
-        cmd.arg(&self.version);
-        match self.store.command(&cmd).await? {
-            Value::Nil => Ok(0),
-            Value::BulkString(b) => Ok(String::from_utf8_lossy(&b).parse().unwrap_or(-1)),
-            Value::Int(n) => Ok(n),
-            other => Err(StoreError::Backend(format!("unexpected version {other:?}"))),
+    /// Removes entries that ended from the store (logging the removals), a batch per call,
+    /// at most `rounds` calls; how many were due.
+    pub(crate) async fn sweep(&self, shared: &Shared, rounds: usize) -> Result<usize, StoreError> {
+        let mut total = 0;
+        for _ in 0..rounds {
+            let keys = [
+                self.expiry.as_str(),
+                &self.log,
+                &self.overrides,
+                &self.bans,
+                &self.allow,
+                &self.deny,
+                &self.levels,
+            ];
+            let args = [
+                shared.now_ms().to_string(),
+                SWEEP_BATCH.to_string(),
+                LOG_LENGTH.to_string(),
+                self.bans_of.clone(),
+            ];
+            let n = match self.eval(SWEEP, &keys, &args).await? {
+                Value::Int(n) => n as usize,
+                _ => 0,
+            };
+            total += n;
+            if n < SWEEP_BATCH {
+                break;
+            }
         }
+        Ok(total)
+    }
+
+    /// The number of entries of each table in the store (`HLEN`), levels included.
+    pub(crate) async fn store_sizes(&self) -> Result<[(&'static str, u64); 5], StoreError> {
+        let mut out = [
+            ("overrides", 0),
+            ("bans", 0),
+            ("allow", 0),
+            ("deny", 0),
+            ("levels", 0),
+        ];
+        let keys = [
+            &self.overrides,
+            &self.bans,
+            &self.allow,
+            &self.deny,
+            &self.levels,
+        ];
+        for (slot, key) in out.iter_mut().zip(keys) {
+            let mut cmd = redis::cmd("HLEN");
+            cmd.arg(key);
+            if let Value::Int(n) = self.store.command(&cmd).await? {
+                slot.1 = n as u64;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Whether a stored value names an end at or before `now`.
+fn ended(table: Table, value: &str, now: u64) -> bool {
+    let digits: &str = match table {
+        Table::Bans => value,
+        _ => value.split('\n').next().unwrap_or(""),
+    };
+    digits.parse::<u64>().is_ok_and(|t| t > 0 && t <= now)
+}
+
+/// Applies one change of `table` to the tables (`None`: removed). Malformed values are
+/// skipped.
+fn apply(t: &mut Tables, table: Table, field: &str, value: Option<&str>) {
+    match (table, value) {
+        (Table::Overrides, Some(v)) => {
+            if let Some((policy, identity, entry)) = tables::decode_override(field, v) {
+                t.set_override(&policy, &identity, entry);
+            }
+        }
+        (Table::Overrides, None) => {
+            if let Some((policy, identity)) = field.split_once('\n') {
+                t.remove_override(policy, identity);
+            }
+        }
+        (Table::Bans, Some(v)) => {
+            if let Some((identity, ban)) = tables::decode_ban(field, v) {
+                t.add_ban(&identity, ban);
+            }
+        }
+        (Table::Bans, None) => {
+            if let Some((identity, scope)) = field.split_once('\n') {
+                let policies: Option<Vec<String>> =
+                    (scope != "*").then(|| scope.split(',').map(str::to_string).collect());
+                t.remove_ban(identity, policies.as_deref());
+            }
+        }
+        (Table::Allow | Table::Deny, v) => {
+            let kind = if table == Table::Allow {
+                ListKind::Allow
+            } else {
+                ListKind::Deny
+            };
+            let Ok(entry) = ListEntry::parse(field) else {
+                return;
+            };
+            match v.map(tables::decode_expiry) {
+                Some(Some(expires)) => t.list_insert(kind, &entry, expires),
+                Some(None) => {}
+                None => {
+                    t.list_remove(kind, &entry);
+                }
+            }
+        }
+    }
+}
+
+fn first_int(v: &Value) -> Option<i64> {
+    match v {
+        Value::Array(items) => match items.first() {
+            Some(Value::Int(n)) => Some(*n),
+            _ => None,
+        },
+        _ => None,
     }
 }
 
@@ -342,56 +645,51 @@ fn text(v: &Value) -> Option<String> {
 }
 
 fn pairs(v: &Value) -> Vec<(String, String)> {
-    let Value::Array(items) = v else {
-        return Vec::new();
-    };
-    items
-        .chunks_exact(2)
-        .filter_map(|c| Some((text(&c[0])?, text(&c[1])?)))
-        .collect()
+    match v {
+        Value::Array(items) => items
+            .chunks_exact(2)
+            .filter_map(|c| Some((text(&c[0])?, text(&c[1])?)))
+            .collect(),
+        Value::Map(items) => items
+            .iter()
+            .filter_map(|(k, v)| Some((text(k)?, text(v)?)))
+            .collect(),
+        _ => Vec::new(),
+    }
 }
 
-fn parse_load(reply: Value) -> Result<(i64, Tables), StoreError> {
-    let Value::Array(parts) = reply else {
-        return Err(StoreError::Backend(format!(
-            "unexpected control reply {reply:?}"
-        )));
+/// Reads an `XRANGE`/`XREVRANGE` reply.
+fn parse_records(v: &Value) -> Result<Vec<Record>, StoreError> {
+    let Value::Array(items) = v else {
+        return Err(StoreError::Backend(format!("unexpected log reply {v:?}")));
     };
-    if parts.len() != 5 {
-        return Err(StoreError::Backend(
-            "unexpected control reply length".into(),
-        ));
-    }
-    let version = match &parts[0] {
-        Value::Int(n) => *n,
-        other => return Err(StoreError::Backend(format!("unexpected version {other:?}"))),
-    };
-    let mut t = Tables::default();
-    for (field, value) in pairs(&parts[1]) {
-        if let Some((policy, identity, entry)) = tables::decode_override(&field, &value) {
-            t.set_override(&policy, &identity, entry);
-        }
-    }
-    for (field, value) in pairs(&parts[2]) {
-        if let Some((identity, ban)) = tables::decode_ban(&field, &value) {
-            t.add_ban(&identity, ban);
-        }
-    }
-    for (kind, part) in [(ListKind::Allow, &parts[3]), (ListKind::Deny, &parts[4])] {
-        for (field, value) in pairs(part) {
-            if let (Ok(entry), Some(expires)) =
-                (ListEntry::parse(&field), tables::decode_expiry(&value))
-            {
-                t.list_insert(kind, &entry, expires);
+    let mut out = Vec::with_capacity(items.len());
+    for item in items {
+        let Value::Array(parts) = item else {
+            return Err(StoreError::Backend("unexpected log record".into()));
+        };
+        let (Some(id), Some(fields)) = (parts.first().and_then(text), parts.get(1)) else {
+            return Err(StoreError::Backend("unexpected log record".into()));
+        };
+        let mut table = None;
+        let mut changes = Vec::new();
+        for (name, value) in pairs(fields) {
+            if name == "t" {
+                table = Table::from_code(&value);
+            } else if let Some(field) = name.strip_prefix('+') {
+                changes.push((field.to_string(), Some(value)));
+            } else if let Some(field) = name.strip_prefix('-') {
+                changes.push((field.to_string(), None));
             }
         }
+        out.push(Record { id, table, changes });
     }
-    Ok((version, t))
+    Ok(out)
 }
 
-/// Polls the version every [`super::POLL_INTERVAL`] and reloads when it moved, until the
-/// control plane is dropped. A failing store keeps the last tables (logged at most once a
-/// minute).
+/// Reads the log every [`super::POLL_INTERVAL`] until the control plane is dropped. A
+/// failing store keeps the last tables (logged at most once a minute); the snapshot's age
+/// is published as `sluice_control_snapshot_age_seconds`.
 pub(crate) fn spawn_poller(weak: Weak<Shared>) {
     let Ok(handle) = tokio::runtime::Handle::try_current() else {
         tracing::warn!(
@@ -400,22 +698,21 @@ pub(crate) fn spawn_poller(weak: Weak<Shared>) {
         return;
     };
     handle.spawn(async move {
-        let mut last_warn: Option<std::time::Instant> = None;
+        let mut last_warn: Option<Instant> = None;
         loop {
             let Some(shared) = weak.upgrade() else { return };
             let super::Backend::Redis(me) = &shared.backend else {
                 return;
             };
-            let result = match me.version().await {
-                Ok(v) if Some(v) == *me.loaded.lock() => Ok(()),
-                Ok(_) => me.reload(&shared).await,
-                Err(e) => Err(e),
-            };
+            let result = me.sync(&shared).await;
             if let Err(e) = result
-                && last_warn.is_none_or(|t| t.elapsed() >= std::time::Duration::from_secs(60))
+                && last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(60))
             {
-                last_warn = Some(std::time::Instant::now());
+                last_warn = Some(Instant::now());
                 tracing::warn!(error = %e, "control plane: could not read overrides, bans and lists; keeping the last ones");
+            }
+            if let Some(age) = me.snapshot_age() {
+                metrics::gauge!("sluice_control_snapshot_age_seconds").set(age.as_secs_f64());
             }
             drop(shared);
             tokio::time::sleep(super::POLL_INTERVAL).await;

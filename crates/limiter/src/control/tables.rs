@@ -6,7 +6,8 @@
 //! every kind: `<expires>` for list entries and bans, `<expires>\n<target>` for overrides.
 #![cfg_attr(not(feature = "redis"), allow(dead_code))]
 
-use std::collections::HashMap;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 
 /// The time of one decision in Unix ms, read from the clock on first use only: a decision
 /// that meets no entry with an expiry (the usual case) never reads it.
@@ -98,10 +99,26 @@ impl ListEntry {
         if text.is_empty() || text.len() > 512 || text.contains('\n') {
             return Err("a list entry must be 1 to 512 characters on one line".into());
         }
-        Ok(match ip_of(text) {
-            Some(net) => ListEntry::Net(net),
-            None => ListEntry::Identity(text.to_string()),
-        })
+        if let Some(net) = ip_of(text) {
+            return Ok(ListEntry::Net(net));
+        }
+        // `ADDRESS/LENGTH` that did not parse as a network: a prefix length beyond the
+        // family's (`1.2.3.4/33`) or not a number. Refused rather than kept as an identity
+        // that no client-IP identity could ever match.
+        let bare = text
+            .strip_prefix("ip:")
+            .or_else(|| text.strip_prefix("ip6:"))
+            .unwrap_or(text);
+        if let Some((addr, len)) = bare.split_once('/')
+            && let Ok(addr) = addr.parse::<IpAddr>()
+        {
+            let max = if addr.is_ipv4() { 32 } else { 128 };
+            return Err(format!(
+                "{text:?}: the prefix length must be a number from 0 to {max} for an {} network, not {len:?}",
+                if addr.is_ipv4() { "IPv4" } else { "IPv6" }
+            ));
+        }
+        Ok(ListEntry::Identity(text.to_string()))
     }
 
     /// The canonical text (the field name in the store).
@@ -453,6 +470,40 @@ pub(crate) struct Tables {
     networks: Networks,
     /// The configuration's plans (plan name, then policy name), for plan overrides.
     plans: std::sync::Arc<HashMap<String, HashMap<String, Algorithm>>>,
+    /// Runtime entries per table (the file's list entries are not counted).
+    counts: TableSizes,
+    /// Where an entry with an end lives, by its end: [`Tables::sweep`] removes what ended.
+    /// An entry changed since may leave a stale item here; the sweep checks the entry itself.
+    expiring: BinaryHeap<Reverse<(u64, Slot)>>,
+}
+
+/// How many runtime entries each table holds.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct TableSizes {
+    /// Runtime allow-list entries.
+    pub allow: usize,
+    /// Runtime deny-list entries.
+    pub deny: usize,
+    /// Bans (one per identity and scope).
+    pub bans: usize,
+    /// Overrides (one per policy and identity).
+    pub overrides: usize,
+}
+
+impl TableSizes {
+    fn list(&mut self, kind: ListKind) -> &mut usize {
+        match kind {
+            ListKind::Allow => &mut self.allow,
+            ListKind::Deny => &mut self.deny,
+        }
+    }
+}
+
+/// An identity or a network, as the expiry queue names it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Slot {
+    Identity(Box<str>),
+    Net(IpNet),
 }
 
 /// One list entry in force, for the operators' listing.
@@ -582,12 +633,111 @@ impl Tables {
 
     /// Binds `identity` of `policy` to `entry`, replacing an override there was.
     pub(crate) fn set_override(&mut self, policy: &str, identity: &str, entry: OverrideEntry) {
+        let expires = entry.expires_at_ms;
         let e = self.identities.entry(identity.into()).or_default();
         let slot = OverrideSlot::new(entry);
         match e.overrides.iter_mut().find(|(p, _)| &**p == policy) {
             Some((_, o)) => *o = slot,
-            None => e.overrides.push((policy.into(), slot)),
+            None => {
+                e.overrides.push((policy.into(), slot));
+                self.counts.overrides += 1;
+            }
         }
+        if let Some(t) = expires {
+            self.expiring
+                .push(Reverse((t, Slot::Identity(identity.into()))));
+        }
+    }
+
+    /// Whether `identity` has an override (live or not) for `policy`.
+    pub(crate) fn has_override(&self, policy: &str, identity: &str) -> bool {
+        self.identities
+            .get(identity)
+            .is_some_and(|e| e.overrides.iter().any(|(p, _)| &**p == policy))
+    }
+
+    /// Whether `identity` has a ban of this scope (live or not).
+    pub(crate) fn has_ban(&self, identity: &str, policies: Option<&[String]>) -> bool {
+        self.identities
+            .get(identity)
+            .is_some_and(|e| e.bans.iter().any(|b| b.policies.as_deref() == policies))
+    }
+
+    /// Whether `entry` is on a list at runtime (live or not).
+    pub(crate) fn has_runtime(&self, kind: ListKind, entry: &ListEntry) -> bool {
+        let lists = match entry {
+            ListEntry::Identity(s) => self.identities.get(s.as_str()).map(|e| e.lists),
+            ListEntry::Net(n) => self.networks.nets.get(&n.trunc()).copied(),
+        };
+        lists.is_some_and(|mut l| l.of(kind).runtime.is_some())
+    }
+
+    /// How many runtime entries each table holds.
+    pub(crate) fn sizes(&self) -> TableSizes {
+        self.counts
+    }
+
+    /// Removes at most `max` entries that ended at `now_ms` or before; how many went.
+    pub(crate) fn sweep(&mut self, now_ms: u64, max: usize) -> usize {
+        let mut removed = 0;
+        for _ in 0..max {
+            match self.expiring.peek() {
+                Some(Reverse((t, _))) if *t <= now_ms => {}
+                _ => break,
+            }
+            let Some(Reverse((_, slot))) = self.expiring.pop() else {
+                break;
+            };
+            removed += self.drop_ended(&slot, now_ms);
+        }
+        removed
+    }
+
+    /// Removes what ended on one identity or network.
+    fn drop_ended(&mut self, slot: &Slot, now_ms: u64) -> usize {
+        let ended = |l: &mut Listed| matches!(l.runtime, Some(Some(t)) if t <= now_ms);
+        let mut removed = 0;
+        match slot {
+            Slot::Identity(identity) => {
+                let Some(e) = self.identities.get_mut(&**identity) else {
+                    return 0;
+                };
+                for kind in [ListKind::Allow, ListKind::Deny] {
+                    let l = e.lists.of(kind);
+                    if ended(l) {
+                        l.runtime = None;
+                        *self.counts.list(kind) -= 1;
+                        removed += 1;
+                    }
+                }
+                let before = e.bans.len();
+                e.bans.retain(|b| b.until_ms > now_ms);
+                let gone = before - e.bans.len();
+                self.counts.bans -= gone;
+                let before = e.overrides.len();
+                e.overrides
+                    .retain(|(_, o)| o.entry.expires_at_ms.is_none_or(|t| t > now_ms));
+                let gone_o = before - e.overrides.len();
+                self.counts.overrides -= gone_o;
+                removed += gone + gone_o;
+                self.prune(identity);
+            }
+            Slot::Net(n) => {
+                let Some(lists) = self.networks.nets.get_mut(n) else {
+                    return 0;
+                };
+                for kind in [ListKind::Allow, ListKind::Deny] {
+                    let l = lists.of(kind);
+                    if ended(l) {
+                        l.runtime = None;
+                        *self.counts.list(kind) -= 1;
+                        removed += 1;
+                    }
+                }
+                self.networks.prune(n);
+            }
+        }
+        removed
     }
 
     /// Removes the override of `identity` for `policy`; whether there was one.
@@ -598,6 +748,9 @@ impl Tables {
         let before = e.overrides.len();
         e.overrides.retain(|(p, _)| &**p != policy);
         let removed = e.overrides.len() < before;
+        if removed {
+            self.counts.overrides -= 1;
+        }
         self.prune(identity);
         removed
     }
@@ -611,9 +764,38 @@ impl Tables {
 
     /// Adds a ban, replacing one of the same scope.
     pub(crate) fn add_ban(&mut self, identity: &str, ban: BanEntry) {
+        let until = ban.until_ms;
         let list = &mut self.identities.entry(identity.into()).or_default().bans;
+        let before = list.len();
         list.retain(|b| b.policies != ban.policies);
+        self.counts.bans -= before - list.len();
         list.push(ban);
+        self.counts.bans += 1;
+        self.expiring
+            .push(Reverse((until, Slot::Identity(identity.into()))));
+    }
+
+    /// The stored fields of every ban of `identity`.
+    pub(crate) fn ban_fields(&self, identity: &str) -> Vec<String> {
+        self.identities.get(identity).map_or_else(Vec::new, |e| {
+            e.bans
+                .iter()
+                .map(|b| ban_field(identity, b.policies.as_deref()))
+                .collect()
+        })
+    }
+
+    /// Lifts the ban of `identity` with this scope; whether there was one.
+    pub(crate) fn remove_ban(&mut self, identity: &str, policies: Option<&[String]>) -> bool {
+        let Some(e) = self.identities.get_mut(identity) else {
+            return false;
+        };
+        let before = e.bans.len();
+        e.bans.retain(|b| b.policies.as_deref() != policies);
+        let gone = before - e.bans.len();
+        self.counts.bans -= gone;
+        self.prune(identity);
+        gone > 0
     }
 
     /// Lifts every ban of `identity`; whether there was one.
@@ -622,6 +804,7 @@ impl Tables {
             return false;
         };
         let removed = !e.bans.is_empty();
+        self.counts.bans -= e.bans.len();
         e.bans.clear();
         self.prune(identity);
         removed
@@ -629,7 +812,19 @@ impl Tables {
 
     /// Puts `entry` on a list at runtime, until `expires` (replacing an earlier expiry).
     pub(crate) fn list_insert(&mut self, kind: ListKind, entry: &ListEntry, expires: Option<u64>) {
-        self.place(kind, entry).runtime = Some(expires);
+        let place = self.place(kind, entry);
+        let new = place.runtime.is_none();
+        place.runtime = Some(expires);
+        if new {
+            *self.counts.list(kind) += 1;
+        }
+        if let Some(t) = expires {
+            let slot = match entry {
+                ListEntry::Identity(s) => Slot::Identity(s.as_str().into()),
+                ListEntry::Net(n) => Slot::Net(n.trunc()),
+            };
+            self.expiring.push(Reverse((t, slot)));
+        }
     }
 
     /// Takes a runtime entry off a list; whether it was there (the file's entries stay).
@@ -640,6 +835,9 @@ impl Tables {
                     return false;
                 };
                 let removed = e.lists.of(kind).runtime.take().is_some();
+                if removed {
+                    *self.counts.list(kind) -= 1;
+                }
                 self.prune(s);
                 removed
             }
@@ -649,6 +847,9 @@ impl Tables {
                     return false;
                 };
                 let removed = lists.of(kind).runtime.take().is_some();
+                if removed {
+                    *self.counts.list(kind) -= 1;
+                }
                 self.networks.prune(&n);
                 removed
             }
@@ -675,37 +876,23 @@ impl Tables {
             }
             self.networks.prune(&n);
         }
+        self.install_configured(allow, deny, plans);
+    }
+
+    /// Adds the configuration file's lists and plans to tables that hold none yet (tables
+    /// freshly read from the store): costs the file's entries, not the tables'.
+    pub(crate) fn install_configured(
+        &mut self,
+        allow: &[ListEntry],
+        deny: &[ListEntry],
+        plans: &HashMap<String, HashMap<String, Algorithm>>,
+    ) {
         for (kind, entries) in [(ListKind::Allow, allow), (ListKind::Deny, deny)] {
             for entry in entries {
                 self.place(kind, entry).configured = true;
             }
         }
         self.plans = std::sync::Arc::new(plans.clone());
-    }
-
-    /// Takes the configuration file's lists and plans from `old` (tables being replaced by
-    /// these, freshly read from the store).
-    pub(crate) fn adopt_configured(&mut self, old: &Tables) {
-        for (identity, e) in &old.identities {
-            for kind in [ListKind::Allow, ListKind::Deny] {
-                let listed = match kind {
-                    ListKind::Allow => e.lists.allow,
-                    ListKind::Deny => e.lists.deny,
-                };
-                if listed.configured {
-                    let entry = ListEntry::Identity(identity.to_string());
-                    self.place(kind, &entry).configured = true;
-                }
-            }
-        }
-        for kind in [ListKind::Allow, ListKind::Deny] {
-            for (n, listed) in old.networks.of_kind(kind) {
-                if listed.configured {
-                    self.place(kind, &ListEntry::Net(n)).configured = true;
-                }
-            }
-        }
-        self.plans = std::sync::Arc::clone(&old.plans);
     }
 
     /// The place of `entry` on a list, made if missing.
@@ -901,7 +1088,11 @@ mod tests {
         assert!(matches!(t.screen("vip", "p", &now), Found::Allowed));
         // Tables read afresh from the store keep the file's entries.
         let mut fresh = Tables::default();
-        fresh.adopt_configured(&t);
+        fresh.install_configured(
+            std::slice::from_ref(&vip),
+            std::slice::from_ref(&net),
+            &HashMap::new(),
+        );
         assert!(matches!(fresh.screen("vip", "p", &now), Found::Allowed));
         assert!(matches!(
             fresh.screen("ip:10.1.2.3", "p", &now),

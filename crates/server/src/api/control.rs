@@ -6,6 +6,10 @@
 //! `/v1/check` reads them, so a change made with an API key reaches the bucket the proxy and
 //! `/v1/check` use for that key. Changes go to the store; every instance sharing it applies
 //! them to its next decision within a second.
+//!
+//! Bodies are read up to `control.max_body_bytes` (6 MiB by default, so a bulk import of
+//! 10,000 list entries fits), not the decision API's `server.max_body_bytes`. A table at
+//! its most entries (`[control]`) refuses a new one with `409`.
 
 use std::time::Duration;
 
@@ -13,6 +17,7 @@ use axum::extract::{Request, State};
 use axum::response::Response;
 use http::StatusCode;
 use serde_json::{Map, Value, json};
+use sluice::control::{ControlError, MAX_BULK};
 use sluice::core::policy::{format_duration_ms, parse_duration_ms};
 use sluice::{BanEntry, Identity, ListEntry, ListKind, OverrideEntry, OverrideTarget};
 
@@ -48,7 +53,8 @@ async fn admit(
     }
     let peer = sluice_http::identity::peer_addr(req.extensions())
         .map_or_else(|| "unknown".to_string(), |a| a.to_string());
-    match read_json(req, rt.config.server.max_body_bytes).await {
+    let max_body = usize::try_from(rt.config.control.limits.max_body_bytes).unwrap_or(usize::MAX);
+    match read_json(req, max_body).await {
         Ok(body) => Ok((rt, peer, body)),
         Err(res) => {
             count(endpoint, res.status());
@@ -62,13 +68,95 @@ fn bad(endpoint: &'static str, msg: &str) -> Response {
     problem(StatusCode::BAD_REQUEST, msg)
 }
 
-fn store_failed(endpoint: &'static str, e: &sluice::StoreError) -> Response {
+fn store_failed(endpoint: &'static str, e: &ControlError) -> Response {
     let status = match e {
-        sluice::StoreError::Invalid(_) => StatusCode::BAD_REQUEST,
-        _ => StatusCode::SERVICE_UNAVAILABLE,
+        ControlError::Full { table, max } => {
+            count(endpoint, StatusCode::CONFLICT);
+            return problem_with(
+                StatusCode::CONFLICT,
+                &format!(
+                    "the change was not stored: the {table} table is full (at most {max} \
+                     entries; control.max_{table} in the configuration). Remove entries or \
+                     raise the limit"
+                ),
+                json!({"table": table, "max": max}),
+            );
+        }
+        ControlError::Store(sluice::StoreError::Invalid(_)) => StatusCode::BAD_REQUEST,
+        ControlError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
     };
     count(endpoint, status);
     problem(status, &format!("the change was not stored: {e}"))
+}
+
+/// A problem+json response with extension members.
+fn problem_with(status: StatusCode, detail: &str, extra: Value) -> Response {
+    let mut body = json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    if let (Value::Object(b), Value::Object(e)) = (&mut body, extra) {
+        b.extend(e);
+    }
+    let mut res = json_response(status, &body);
+    res.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/problem+json"),
+    );
+    res
+}
+
+/// The most per-entry errors a refused bulk import lists.
+const MAX_LISTED_ERRORS: usize = 100;
+
+/// Reads `entries` of a bulk import: every entry, or every error (index, entry, message).
+fn bulk_entries(list: Vec<Value>) -> Result<Vec<ListEntry>, (String, Vec<Value>)> {
+    if list.is_empty() {
+        return Err(("\"entries\" must not be empty".into(), Vec::new()));
+    }
+    if list.len() > MAX_BULK {
+        return Err((
+            format!(
+                "\"entries\" holds {} entries: at most {MAX_BULK} per call (send several calls)",
+                list.len()
+            ),
+            Vec::new(),
+        ));
+    }
+    let total = list.len();
+    let mut entries = Vec::with_capacity(total);
+    let mut errors = Vec::new();
+    let mut bad = 0usize;
+    for (i, v) in list.into_iter().enumerate() {
+        let parsed = match &v {
+            Value::String(s) => ListEntry::parse(s),
+            other => Err(format!("must be a string, not {}", kind(other))),
+        };
+        match parsed {
+            Ok(e) => entries.push(e),
+            Err(msg) => {
+                bad += 1;
+                if errors.len() < MAX_LISTED_ERRORS {
+                    errors.push(json!({"index": i, "entry": v, "error": msg}));
+                }
+            }
+        }
+    }
+    if bad == 0 {
+        return Ok(entries);
+    }
+    let first = &errors[0];
+    Err((
+        format!(
+            "{bad} of {total} entries are invalid, so none was added (all or nothing); the \
+             first, at index {}: {}",
+            first["index"],
+            first["error"].as_str().unwrap_or_default()
+        ),
+        errors,
+    ))
 }
 
 fn ok(endpoint: &'static str, v: &Value) -> Response {
@@ -393,6 +481,9 @@ async fn list_change(shared: Shared, req: Request, which: ListKind, add: bool) -
         Ok(x) => x,
         Err(res) => return res,
     };
+    if add && m.contains_key("entries") {
+        return list_add_many(&rt, &peer, m, which).await;
+    }
     let parsed = (|| {
         let entry = match (m.remove("entry"), m.contains_key("credential")) {
             (Some(Value::String(s)), false) => ListEntry::parse(&s)?,
@@ -459,6 +550,67 @@ async fn list_change(shared: Shared, req: Request, which: ListKind, add: bool) -
     }
 }
 
+/// `POST /v1/lists/{allow,deny}` with `entries`: a bulk import, all or nothing.
+async fn list_add_many(
+    rt: &Runtime,
+    peer: &str,
+    mut m: Map<String, Value>,
+    which: ListKind,
+) -> Response {
+    const EP: &str = "lists";
+    let list = match which {
+        ListKind::Allow => "allow",
+        ListKind::Deny => "deny",
+    };
+    let parsed = (|| {
+        let raw = match m.remove("entries") {
+            Some(Value::Array(a)) => a,
+            Some(other) => {
+                return Err((
+                    format!(
+                        "\"entries\" must be a list of strings, not {}",
+                        kind(&other)
+                    ),
+                    Vec::new(),
+                ));
+            }
+            None => unreachable!("checked by the caller"),
+        };
+        if m.contains_key("entry") || m.contains_key("credential") {
+            return Err((
+                "give either \"entries\" or one \"entry\"/\"credential\", not both".into(),
+                Vec::new(),
+            ));
+        }
+        let ttl = duration(&mut m, "ttl").map_err(|e| (e, Vec::new()))?;
+        no_more_fields(&m, "entries, ttl").map_err(|e| (e, Vec::new()))?;
+        Ok((bulk_entries(raw)?, ttl))
+    })();
+    let (entries, ttl) = match parsed {
+        Ok(x) => x,
+        Err((msg, errors)) if errors.is_empty() => return bad(EP, &msg),
+        Err((msg, errors)) => {
+            count(EP, StatusCode::BAD_REQUEST);
+            return problem_with(StatusCode::BAD_REQUEST, &msg, json!({"errors": errors}));
+        }
+    };
+    match rt
+        .limiter
+        .control()
+        .list_add_many(which, &entries, ttl)
+        .await
+    {
+        Ok(added) => {
+            tracing::info!(target: "sluice::admin", source = %peer, list, entries = added, ttl_ms = ttl.map(|t| t.as_millis() as u64), "list entries added");
+            ok(
+                EP,
+                &json!({"list": list, "added": added, "ttl_ms": ttl.map(|t| t.as_millis() as u64)}),
+            )
+        }
+        Err(e) => store_failed(EP, &e),
+    }
+}
+
 /// `POST /v1/lists/allow`.
 pub(super) async fn allow_add(State(shared): State<Shared>, req: Request) -> Response {
     list_change(shared, req, ListKind::Allow, true).await
@@ -488,6 +640,7 @@ pub(super) fn add_openapi(doc: &mut Value) {
         let mut r = json!({
             "400": problem("Malformed request, unknown policy or plan, parameters the algorithm does not take"),
             "401": problem("admin_token is set (else server.api_token) and the request does not carry it"),
+            "409": problem("The table holds its most entries ([control] max_*); nothing changed"),
             "503": problem("The store did not answer; nothing changed"),
         });
         if let Some(what) = notfound {
@@ -558,6 +711,7 @@ pub(super) fn add_openapi(doc: &mut Value) {
             "properties": {
                 "entry": { "type": "string", "description": "An identity, an address or a CIDR (matched against ip:, ip6: and Envoy remote_address identities)" },
                 "credential": { "type": "string", "description": "Instead of entry: a secret, hashed as /v1/check hashes it" },
+                "entries": { "type": "array", "items": { "type": "string" }, "minItems": 1, "maxItems": MAX_BULK, "description": "POST only, instead of entry: up to 10,000 entries added all or nothing (any invalid entry refuses the call with a 400 listing the errors by index)" },
                 "ttl": duration } }
     });
     for (k, v) in paths.as_object().into_iter().flatten() {

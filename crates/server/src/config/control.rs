@@ -1,5 +1,5 @@
-//! `[plans.NAME.POLICY]`, `[lists]` and each policy's `ban = {...}`: what the configuration
-//! gives the limiter's control plane ([`sluice::control`]).
+//! `[plans.NAME.POLICY]`, `[lists]`, `[control]` and each policy's `ban = {...}`: what the
+//! configuration gives the limiter's control plane ([`sluice::control`]).
 //!
 //! A plan's table carries a policy's parameters under the policy's own field names; they are
 //! laid over the policy's parameters, so a plan only names what differs. The same overlay
@@ -8,6 +8,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde::Deserialize;
+use sluice::control::ControlLimits;
 use sluice::core::algorithm::{Param, Params};
 use sluice::core::policy::parse_duration_ms;
 use sluice::{Algorithm, BanRule, ControlConfig, LeakyMode, ListEntry, Policy, Rate};
@@ -30,9 +31,10 @@ pub enum NumberOrText {
 impl NumberOrText {
     fn duration_ms(&self) -> Result<u64, String> {
         match self {
-            NumberOrText::Number(s) => s
-                .checked_mul(1000)
-                .ok_or_else(|| "duration too large".to_string()),
+            NumberOrText::Number(s) => {
+                sluice::core::policy::within_max_duration(s.saturating_mul(1000))
+                    .map_err(|e| e.to_string())
+            }
             NumberOrText::Text(t) => parse_duration_ms(t).map_err(|e| e.to_string()),
         }
     }
@@ -68,6 +70,43 @@ pub(super) struct RawBan {
     pub duration: NumberOrText,
     pub multiplier: Option<f64>,
     pub max: Option<NumberOrText>,
+}
+
+/// `[control]`: the most entries of each control table and the control endpoints' body
+/// limit.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawControl {
+    pub max_allow: Option<Spanned<u64>>,
+    pub max_deny: Option<Spanned<u64>>,
+    pub max_bans: Option<Spanned<u64>>,
+    pub max_overrides: Option<Spanned<u64>>,
+    pub max_body_bytes: Option<Spanned<super::raw::RawBytes>>,
+}
+
+/// The largest any table may be configured (memory: a few hundred bytes per entry).
+const MAX_TABLE: u64 = 100_000_000;
+
+/// Reads `[control]`.
+fn limits(ck: &mut Checker<'_>, raw: &RawControl) -> ControlLimits {
+    let d = ControlLimits::default();
+    ControlLimits {
+        max_allow: ck.bounded(&raw.max_allow, "control.max_allow", d.max_allow, MAX_TABLE),
+        max_deny: ck.bounded(&raw.max_deny, "control.max_deny", d.max_deny, MAX_TABLE),
+        max_bans: ck.bounded(&raw.max_bans, "control.max_bans", d.max_bans, MAX_TABLE),
+        max_overrides: ck.bounded(
+            &raw.max_overrides,
+            "control.max_overrides",
+            d.max_overrides,
+            MAX_TABLE,
+        ),
+        max_body_bytes: ck.bytes(
+            &raw.max_body_bytes,
+            "control.max_body_bytes",
+            d.max_body_bytes,
+            (16 << 10, 64 << 20),
+        ),
+    }
 }
 
 /// `[lists]`.
@@ -212,7 +251,10 @@ pub(super) fn check_control(
     raw: &RawConfig,
     policies: &BTreeMap<String, PolicyConfig>,
 ) -> ControlConfig {
-    let mut out = ControlConfig::default();
+    let mut out = ControlConfig {
+        limits: limits(ck, &raw.control),
+        ..Default::default()
+    };
     for (plan, tables) in &raw.plans {
         let plan_name = plan.get_ref();
         if let Err(e) = sluice::core::policy::validate_policy_name(plan_name) {
@@ -293,6 +335,17 @@ ban = { after = 3, within = "1m", duration = "10m", multiplier = 2.0, max = "24h
         assert_eq!(ban.duration_at(1), 1_200_000);
         assert_eq!(ban.duration_at(20), 86_400_000, "capped at max");
         assert_eq!(c.control.allow.len(), 2);
+        assert_eq!(c.control.limits.max_deny, 2_000_000, "the default");
+        let c = Config::parse(
+            &format!("{BASE}\n[control]\nmax_deny = 5\nmax_body_bytes = \"1MiB\"\n"),
+            "t.toml",
+            None,
+        )
+        .unwrap();
+        assert_eq!(
+            (c.control.limits.max_deny, c.control.limits.max_body_bytes),
+            (5, 1 << 20)
+        );
         assert_eq!(
             c.control.deny,
             vec![ListEntry::parse("198.51.100.1/32").unwrap()]
@@ -318,6 +371,17 @@ ban = { after = 3, within = "1m", duration = "10m", multiplier = 2.0, max = "24h
                 "at least 1",
             ),
             ("[lists]\ndeny = [\"\"]\n", "lists.deny", "1 to 512"),
+            (
+                "[lists]\ndeny = [\"1.2.3.4/33\"]\n",
+                "lists.deny",
+                "from 0 to 32",
+            ),
+            ("[control]\nmax_deny = 0\n", "control.max_deny", ""),
+            (
+                "[control]\nmax_body_bytes = \"1KiB\"\n",
+                "control.max_body_bytes",
+                "between",
+            ),
         ] {
             let src = format!("{BASE}\n{extra}");
             let e = Config::parse(&src, "t.toml", None).unwrap_err().to_string();

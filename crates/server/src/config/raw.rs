@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde::de::{self, Deserializer, Visitor};
 use toml::Spanned;
 
-use super::control::{ParamsText, RawBan, RawLists};
+use super::control::{ParamsText, RawBan, RawControl, RawLists};
 use super::identity::{RawIdentity, RawJwt};
 use crate::descriptors::DomainFile;
 
@@ -36,6 +36,8 @@ pub(super) struct RawConfig {
     pub plans: BTreeMap<Spanned<String>, BTreeMap<Spanned<String>, Spanned<ParamsText>>>,
     #[serde(default)]
     pub lists: RawLists,
+    #[serde(default)]
+    pub control: RawControl,
     pub jwt: Option<Spanned<RawJwt>>,
 }
 
@@ -57,6 +59,10 @@ pub(super) struct RawServer {
     pub max_connections: Option<Spanned<u64>>,
     pub max_connections_per_ip: Option<Spanned<u64>>,
     pub connection_reserve: Option<Spanned<u64>>,
+    pub min_body_rate: Option<Spanned<RawBytes>>,
+    pub body_rate_grace: Option<Spanned<RawDuration>>,
+    pub max_bodies_per_ip: Option<Spanned<u64>>,
+    pub write_stall_timeout: Option<Spanned<RawDuration>>,
     pub grpc_keepalive_interval: Option<Spanned<RawDuration>>,
     pub grpc_keepalive_timeout: Option<Spanned<RawDuration>>,
     pub grpc_max_concurrent_streams: Option<Spanned<u64>>,
@@ -64,6 +70,7 @@ pub(super) struct RawServer {
     pub api_token: Option<Spanned<String>>,
     #[serde(default)]
     pub public_admin_without_token: bool,
+    pub allowed_hosts: Option<Spanned<Vec<String>>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
