@@ -1,27 +1,32 @@
-//! [`Count`]: which responses a rule's cost is charged for, and the check-then-charge steps
-//! the layer runs for a rule that does not count every request.
+//! [`Count`]: which responses a rule's cost is charged for, and the reserve-then-settle
+//! steps the layer runs for a rule that does not count every request.
 //!
 //! A login route that should stop after a few wrong passwords must not count the right
 //! ones, and an API that limits errors must not count its successes; neither outcome is
-//! known until the upstream answers. So for such a rule the layer checks before forwarding
-//! *without consuming* (a check of cost 0: control-plane refusals, debt and store failures
-//! are answered as usual, and a policy with less left than the cost denies), forwards, and
-//! charges the cost only when the response status is one the rule counts.
+//! known until the upstream answers. So for such a rule the layer *reserves* the cost at the
+//! check, exactly as a rule counting every request consumes it (so requests in flight at the
+//! same time hold their units, and no more of them than the limit can pass together), and
+//! *settles* once the response status is known: a counted status keeps the reservation, any
+//! other status refunds it ([`Limiter::refund`]).
 //!
-//! The bound this gives is looser than consuming up front: requests in flight at the same
-//! time all pass the check before any of their charges lands, so a limit can be overshot by
-//! the number of concurrent requests (`docs/http.md`, "Counting by outcome").
+//! A request whose outcome never becomes known stays counted: the client went away (the
+//! response future is dropped before the status arrives), the inner service failed, or the
+//! answer is not the upstream's own but a stand-in such as the proxy's 502 (upstream
+//! unreachable) or 504 (upstream timeout), which carries [`UpstreamFailed`] in its
+//! extensions. Otherwise a client could start requests, abandon them before the answer and
+//! have the upstream act on every one uncounted. A refund the store fails leaves the
+//! reservation in place (the request stays counted, the response is delivered).
+//!
 //! Concurrency policies are not affected: they hold their lease from the check on, as always.
 
-use std::sync::Arc;
 
 use http::StatusCode;
-use sluice::{Algorithm, Checked, FailureMode, Identity, Limiter, Policy, StoreError};
+use sluice::{Algorithm, Checked, Identity, Limiter, Policy};
 
 /// Which responses a rule charges its cost for.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Count {
-    /// Every request, consumed before forwarding (the default).
+    /// Every request, consumed at the check (the default).
     #[default]
     All,
     /// Responses with a 2xx or 3xx status.
@@ -77,97 +82,54 @@ impl Count {
     }
 }
 
-/// Whether a policy's cost is deferred to the charge. Concurrency is about requests in
-/// flight, not outcomes, so its lease is taken at the check whatever the rule counts.
-fn deferred(policy: &Policy) -> bool {
+/// Marks a response that is not the upstream's answer but a stand-in for a failure (the
+/// proxy's 502 when the upstream cannot be reached, 504 when it does not answer in time).
+/// Inserted into the response's extensions, it settles a reservation as counted whatever the
+/// status: the upstream may have acted on the request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UpstreamFailed;
+
+/// Whether a policy's reservation is settled by outcome. Concurrency is about requests in
+/// flight, not outcomes, so its lease is released when the request ends whatever it counts.
+fn settled_by_outcome(policy: &Policy) -> bool {
     !matches!(policy.algorithm, Algorithm::Concurrency { .. })
 }
 
-/// The check before forwarding for a rule that counts by outcome: nothing deferred is
-/// consumed. A policy with less than `cost` left is then checked with its real cost, which,
-/// being a denial, writes nothing and answers the exact wait (and counts towards bans like
-/// any denial). Should the state have refilled in between so that this check admits, what it
-/// consumed is refunded and the request goes on as admitted.
-pub(crate) async fn precheck(
-    limiter: &Limiter,
-    identity: &Identity,
-    policies: &[Arc<Policy>],
-    cost: u64,
-) -> Checked {
-    let items: Vec<(&Identity, &Arc<Policy>, u64)> = policies
-        .iter()
-        .map(|p| (identity, p, if deferred(p) { 0 } else { cost }))
-        .collect();
-    let peek = limiter.check_many(&items).await;
-    if !peek.allowed {
-        return peek;
-    }
-    let short: Vec<&Arc<Policy>> = peek
-        .limits
-        .iter()
-        .filter(|l| deferred(&l.policy) && !l.policy.shadow)
-        .filter(|l| l.decision.as_ref().is_some_and(|d| d.remaining < cost))
-        .map(|l| &l.policy)
-        .collect();
-    if short.is_empty() {
-        return peek;
-    }
-    let items: Vec<(&Identity, &Arc<Policy>, u64)> =
-        short.iter().map(|&p| (identity, p, cost)).collect();
-    let full = limiter.check_many(&items).await;
-    if !full.allowed {
-        // Leases the peek took are released by the caller's guard.
-        return full;
-    }
-    for p in short {
-        if let Err(e) = limiter.refund(identity, p, cost).await {
-            tracing::debug!(error = %e, policy = %p.name, "refund after a racing check failed");
-        }
-    }
-    peek
+/// What settling an uncounted response came to.
+pub(crate) enum Settled {
+    /// Every reservation was given back; `checked` carries the states afterwards.
+    Refunded(Checked),
+    /// The store failed a refund: that reservation stays (the request counted).
+    RefundFailed(Checked),
 }
 
-/// What charging after the response came to.
-pub(crate) enum Charged {
-    /// Every deferred policy was charged; `checked` carries the states afterwards.
-    Done(Checked),
-    /// The store failed and a policy fails closed: the response must not be delivered.
-    FailedClosed(Checked),
-    /// The store failed and every failing policy fails open: deliver, uncharged.
-    FailedOpen(Checked),
-}
-
-/// Charges `cost` to every deferred policy of `checked` (shadow policies included: they
-/// count as if enforced). Each charge is bounded by the limiter's store timeout.
-pub(crate) async fn charge(
+/// Gives back the `cost` that the check reserved on every policy settled by outcome (shadow
+/// policies included: they count as if enforced). A policy the store did not answer for, or
+/// that denied (a shadow denial lets the request through), reserved nothing and is skipped. Each refund is bounded by the limiter's store timeout.
+pub(crate) async fn refund(
     limiter: &Limiter,
     identity: &Identity,
     mut checked: Checked,
     cost: u64,
-) -> Charged {
-    let mut failure: Option<(StoreError, bool)> = None;
-    for l in checked.limits.iter_mut().filter(|l| deferred(&l.policy)) {
-        match limiter.charge(identity, &l.policy, cost).await {
+) -> Settled {
+    let mut failed = false;
+    for l in checked
+        .limits
+        .iter_mut()
+        .filter(|l| settled_by_outcome(&l.policy) && l.decision.as_ref().is_some_and(|d| d.allowed))
+    {
+        match limiter.refund(identity, &l.policy, cost).await {
             Ok(d) => l.decision = Some(d),
             Err(e) => {
-                let closed = l.policy.failure_mode == FailureMode::Closed && !l.policy.shadow;
-                tracing::debug!(error = %e, policy = %l.policy.name, "charge after the response failed");
-                let was_closed = failure.as_ref().is_some_and(|f| f.1);
-                failure = Some((e, closed || was_closed));
+                tracing::debug!(error = %e, policy = %l.policy.name, "refund of an uncounted response failed; it stays counted");
+                failed = true;
             }
         }
     }
-    match failure {
-        None => Charged::Done(checked),
-        Some((e, true)) => {
-            checked.allowed = false;
-            checked.verdict = sluice::Verdict::FailedClosed(e);
-            Charged::FailedClosed(checked)
-        }
-        Some((e, false)) => {
-            checked.verdict = sluice::Verdict::FailedOpen(e);
-            Charged::FailedOpen(checked)
-        }
+    if failed {
+        Settled::RefundFailed(checked)
+    } else {
+        Settled::Refunded(checked)
     }
 }
 

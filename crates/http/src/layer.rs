@@ -6,18 +6,21 @@
 //! and a client over its limit must learn so now, with a `Retry-After`, not after a queue.
 //!
 //! Per request the service
-//! 1. picks the [`Rule`] for the path and method (longest prefix wins); no rule, no limit;
-//! 2. derives the identity ([`crate::identity`]);
-//! 3. checks every policy of the rule at once with [`Limiter::check_many`] (all or nothing);
-//! 4. answers a denial itself (429, the fail-closed status, 403 for an identity on the deny
+//! 1. normalizes the path ([`crate::path`]): a path that cannot be normalized safely is
+//!    answered `400` (problem+json), and the inner service sees the normalized target, so
+//!    the path that was limited is the path that is served;
+//! 2. picks the [`Rule`] for the path and method (longest prefix wins); no rule, no limit;
+//! 3. derives the identity ([`crate::identity`]);
+//! 4. checks every policy of the rule at once with [`Limiter::check_many`] (all or nothing);
+//! 5. answers a denial itself (429, the fail-closed status, 403 for an identity on the deny
 //!    list of the limiter's control plane), or sleeps the shaping delay
 //!    and calls the inner service, adding the RateLimit headers to its response.
 //!
-//! A rule that counts by outcome ([`crate::count`]) checks without consuming in step 3 and,
-//! once the inner service has answered with a status it counts, charges the cost; the
-//! headers then describe the state after the charge. A charge the store fails follows the
-//! failure mode: fail-open policies let the response through uncharged, a fail-closed one
-//! replaces it with the fail-closed status.
+//! A rule that counts by outcome ([`crate::count`]) reserves its cost in step 4 like any
+//! other rule and, once the inner service has answered with a status it does not count,
+//! refunds it; the headers then describe the state after the refund. A request that never
+//! gets its status (client gone, inner service error) or whose response carries
+//! [`crate::count::UpstreamFailed`] keeps its reservation.
 //!
 //! Concurrency policies hold a lease while the request runs. The lease sits in a
 //! [`LeaseGuard`] that releases it when dropped; the guard lives in the request's future and
@@ -38,7 +41,7 @@ use http::{Method, Request, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use sluice::{Checked, DenyReason, Identity, Lease, Limiter, Policy, Verdict};
 
-use crate::count::{self, Charged};
+use crate::count::{self, Settled, UpstreamFailed};
 use crate::headers::{self, HeaderOptions};
 use crate::identity::{ClientIpConfig, IdentityResolver, IdentitySource, TrustedProxies};
 pub use crate::rule::Rule;
@@ -53,7 +56,9 @@ pub struct RateLimitStats {
     failed_closed: AtomicU64,
     unlimited: AtomicU64,
     charged: AtomicU64,
-    charge_failed: AtomicU64,
+    refunded: AtomicU64,
+    refund_failed: AtomicU64,
+    bad_path: AtomicU64,
 }
 
 /// A copy of [`RateLimitStats`] at one moment.
@@ -69,10 +74,16 @@ pub struct StatsSnapshot {
     pub failed_closed: u64,
     /// Requests no rule applied to.
     pub unlimited: u64,
-    /// Responses charged after the fact (rules that count by outcome).
+    /// Rules that count by outcome: responses whose reservation was kept (a counted status,
+    /// or a stand-in for an upstream failure).
     pub charged: u64,
-    /// Charges after the response that the store failed (then the failure mode applies).
-    pub charge_failed: u64,
+    /// Rules that count by outcome: responses with an uncounted status, whose reservation
+    /// was given back.
+    pub refunded: u64,
+    /// Refunds the store failed (the request then stays counted).
+    pub refund_failed: u64,
+    /// Requests answered 400 because their path cannot be normalized safely.
+    pub bad_path: u64,
 }
 
 impl RateLimitStats {
@@ -85,7 +96,9 @@ impl RateLimitStats {
             failed_closed: self.failed_closed.load(Ordering::Relaxed),
             unlimited: self.unlimited.load(Ordering::Relaxed),
             charged: self.charged.load(Ordering::Relaxed),
-            charge_failed: self.charge_failed.load(Ordering::Relaxed),
+            refunded: self.refunded.load(Ordering::Relaxed),
+            refund_failed: self.refund_failed.load(Ordering::Relaxed),
+            bad_path: self.bad_path.load(Ordering::Relaxed),
         }
     }
 
@@ -114,8 +127,9 @@ fn requests_total(outcome: &'static str) {
         "failed_closed",
         "unlimited",
         "charged",
-        "charge_failed_open",
-        "charge_failed_closed"
+        "refunded",
+        "refund_failed",
+        "bad_path"
     );
 }
 
@@ -431,6 +445,16 @@ where
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let shared = Arc::clone(&self.shared);
         Box::pin(async move {
+            let mut req = req;
+            match crate::path::normalize_uri(req.uri()) {
+                Ok(None) => {}
+                Ok(Some(normal)) => *req.uri_mut() = normal,
+                Err(e) => {
+                    shared.stats.count(&shared.stats.bad_path, "bad_path");
+                    let res = headers::problem(StatusCode::BAD_REQUEST, e.message());
+                    return Ok(res.map(RateLimitBody::full));
+                }
+            }
             let Some(rule) = shared.rule(req.method(), req.uri().path()) else {
                 shared.stats.count(&shared.stats.unlimited, "unlimited");
                 return inner
@@ -447,20 +471,18 @@ where
             }
             let (mut parts, body) = req.into_parts();
             let identity = shared.resolver.resolve(&parts);
-            let mut checked = if rule.count.is_all() {
-                if let [policy] = rule.policies.as_slice() {
-                    // The common rule of one policy: no list to allocate.
-                    shared.limiter.check(&identity, policy, rule.cost).await
-                } else {
-                    let items: Vec<(&Identity, &Arc<Policy>, u64)> = rule
-                        .policies
-                        .iter()
-                        .map(|p| (&identity, p, rule.cost))
-                        .collect();
-                    shared.limiter.check_many(&items).await
-                }
+            // Every rule consumes its cost here; one that counts by outcome gives it back
+            // below once the status says so, so requests in flight hold their units.
+            let mut checked = if let [policy] = rule.policies.as_slice() {
+                // The common rule of one policy: no list to allocate.
+                shared.limiter.check(&identity, policy, rule.cost).await
             } else {
-                count::precheck(&shared.limiter, &identity, &rule.policies, rule.cost).await
+                let items: Vec<(&Identity, &Arc<Policy>, u64)> = rule
+                    .policies
+                    .iter()
+                    .map(|p| (&identity, p, rule.cost))
+                    .collect();
+                shared.limiter.check_many(&items).await
             };
             // From here on, leases are released whatever happens to this future.
             let guard =
@@ -491,32 +513,30 @@ where
             if delay > 0 {
                 tokio::time::sleep(Duration::from_millis(delay)).await;
             }
-            let charge_as = (!rule.count.is_all()).then(|| identity.clone());
+            let settle_as = (!rule.count.is_all()).then(|| identity.clone());
             parts.extensions.insert(RateLimitIdentity(identity));
+            // Dropped before the status arrives (client gone) or an inner error: the
+            // reservation stays, the request counted.
             let mut res = inner.call(Request::from_parts(parts, body)).await?;
-            if let Some(identity) = charge_as
-                && rule.count.counts(res.status())
-            {
-                checked = match count::charge(&shared.limiter, &identity, checked, rule.cost).await
-                {
-                    Charged::Done(after) => {
-                        shared.stats.count(&shared.stats.charged, "charged");
-                        after
-                    }
-                    Charged::FailedOpen(after) => {
-                        shared
-                            .stats
-                            .count(&shared.stats.charge_failed, "charge_failed_open");
-                        after
-                    }
-                    Charged::FailedClosed(after) => {
-                        shared
-                            .stats
-                            .count(&shared.stats.charge_failed, "charge_failed_closed");
-                        let res = headers::store_unavailable(&after, shared.fail_closed_status);
-                        return Ok(res.map(RateLimitBody::full));
-                    }
-                };
+            if let Some(identity) = settle_as {
+                let stand_in = res.extensions().get::<UpstreamFailed>().is_some();
+                if stand_in || rule.count.counts(res.status()) {
+                    shared.stats.count(&shared.stats.charged, "charged");
+                } else {
+                    checked =
+                        match count::refund(&shared.limiter, &identity, checked, rule.cost).await {
+                            Settled::Refunded(after) => {
+                                shared.stats.count(&shared.stats.refunded, "refunded");
+                                after
+                            }
+                            Settled::RefundFailed(after) => {
+                                shared
+                                    .stats
+                                    .count(&shared.stats.refund_failed, "refund_failed");
+                                after
+                            }
+                        };
+                }
             }
             // Merged, not replaced: an inner sluice layer (the proxy nests one per identity
             // source) has already described its own policies on this response.
@@ -627,8 +647,9 @@ mod tests {
             "failed_closed",
             "unlimited",
             "charged",
-            "charge_failed_open",
-            "charge_failed_closed",
+            "refunded",
+            "refund_failed",
+            "bad_path",
             "some_new_outcome",
         ];
         let keys = CounterKeys::default();

@@ -7,10 +7,13 @@
 //!   including which decision leads an answer and the problem+json error bodies.
 //! - [`identity`]: who a request is limited as: hashed API keys and bearer tokens, identities
 //!   supplied by the application, and the client IP behind trusted proxies only.
+//! - [`path`]: the normal form of a request path (percent-decoding of unreserved characters,
+//!   dot segments, repeated slashes) that rules match and the proxy forwards, and the
+//!   ambiguous paths refused with 400.
 //! - [`rule`]: [`Rule`], which policies apply to which paths and methods (the layer and the
 //!   `sluice serve` proxy match requests with it alike).
 //! - [`count`]: [`Count`], which responses a rule charges for (all, successes, failures or
-//!   listed statuses), and the check-without-consuming then charge-after-the-response steps.
+//!   listed statuses), and the reserve-at-the-check then settle-on-the-status steps.
 //! - [`layer`]: [`RateLimitLayer`] and its service: the check, denials answered in `call`,
 //!   shaping delays and concurrency leases held until the response body ends.
 //!
@@ -22,9 +25,10 @@ pub mod count;
 pub mod headers;
 pub mod identity;
 pub mod layer;
+pub mod path;
 pub mod rule;
 
-pub use count::Count;
+pub use count::{Count, UpstreamFailed};
 pub use headers::{HeaderOptions, rate_limit_headers, too_many_requests};
 pub use identity::{ClientIpConfig, IdentityResolver, IdentitySource, TrustedProxies};
 pub use layer::{

@@ -2,7 +2,8 @@
 //!
 //! The tower layer picks its rule per request and the reverse proxy of `sluice serve` picks
 //! its route the same way, with the same matcher, so a path is limited identically whether
-//! an app links the layer or sits behind the proxy.
+//! an app links the layer or sits behind the proxy. Both match the normalized path
+//! ([`crate::path`]), never the raw one.
 
 use std::cmp::Ordering;
 use std::sync::Arc;
@@ -20,6 +21,7 @@ pub struct Rule {
     pub(crate) policies: Vec<Arc<Policy>>,
     pub(crate) cost: u64,
     pub(crate) count: Count,
+    pub(crate) case_insensitive: bool,
 }
 
 impl Rule {
@@ -36,6 +38,7 @@ impl Rule {
             policies: Vec::new(),
             cost: 1,
             count: Count::All,
+            case_insensitive: false,
         }
     }
     /// Only these methods (default: any). For the same prefix, a rule naming the method wins
@@ -63,6 +66,14 @@ impl Rule {
         self
     }
 
+    /// Match the prefix without regard to ASCII case (default: exact). For upstreams that
+    /// route case-insensitively (Express by default, ASP.NET, IIS): there `/LOGIN` reaches the
+    /// `/login` handler, so it must count against the `/login` limit too.
+    pub fn case_insensitive(mut self, yes: bool) -> Self {
+        self.case_insensitive = yes;
+        self
+    }
+
     /// The path prefix.
     pub fn prefix(&self) -> &str {
         &self.prefix
@@ -71,7 +82,11 @@ impl Rule {
     /// True when the rule covers a request with this method and path.
     pub fn matches(&self, method: &Method, path: &str) -> bool {
         (self.methods.is_empty() || self.methods.contains(method))
-            && prefix_matches(&self.prefix, path)
+            && if self.case_insensitive {
+                prefix_matches_ignoring_case(&self.prefix, path)
+            } else {
+                prefix_matches(&self.prefix, path)
+            }
     }
 
     /// The order in which rules are tried, so the first match is the one that applies:
@@ -94,6 +109,15 @@ pub fn prefix_matches(prefix: &str, path: &str) -> bool {
             && (prefix.ends_with('/') || path.as_bytes().get(prefix.len()) == Some(&b'/')))
 }
 
+/// [`prefix_matches`] without regard to ASCII case.
+pub fn prefix_matches_ignoring_case(prefix: &str, path: &str) -> bool {
+    let (p, q) = (prefix.as_bytes(), path.as_bytes());
+    prefix == "/"
+        || (q.len() >= p.len()
+            && q[..p.len()].eq_ignore_ascii_case(p)
+            && (q.len() == p.len() || prefix.ends_with('/') || q[p.len()] == b'/'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -106,6 +130,18 @@ mod tests {
         assert!(!prefix_matches("/api", "/apix"));
         assert!(prefix_matches("/api/", "/api/x"));
         assert!(!prefix_matches("/api/x", "/api"));
+        assert!(!prefix_matches("/login", "/LOGIN"));
+    }
+
+    #[test]
+    fn case_insensitive_rules_ignore_ascii_case_only() {
+        let r = Rule::new("/login").case_insensitive(true);
+        for p in ["/login", "/LOGIN", "/Login", "/lOgIn/x"] {
+            assert!(r.matches(&Method::POST, p), "{p}");
+        }
+        assert!(!r.matches(&Method::POST, "/loginx"));
+        assert!(!r.matches(&Method::POST, "/logi"));
+        assert!(!Rule::new("/login").matches(&Method::POST, "/Login"));
     }
 
     #[test]

@@ -1,8 +1,10 @@
 //! Rules that count by outcome, over real HTTP on 127.0.0.1:0: a login route that counts only
-//! 401s, a route that counts only successes, and a charge the store fails after the response.
+//! 401s, a route that counts only successes, the reservation that keeps concurrent and
+//! abandoned requests counted, and a refund the store fails after the response.
 
 mod support;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -129,9 +131,9 @@ async fn a_cost_larger_than_what_is_left_is_refused_before_forwarding() {
     );
 }
 
-/// A route whose handler stops the Redis server and then answers 401, so the check before
-/// forwarding reaches the store and the charge after the response does not.
-async fn charge_fails(mode: FailureMode) -> (StatusCode, sluice_http::StatsSnapshot) {
+/// A route counting 401s whose handler stops the Redis server and then answers 200, so the
+/// check (the reservation) reaches the store and the refund after the response does not.
+async fn refund_fails(mode: FailureMode) -> (StatusCode, sluice_http::StatsSnapshot) {
     let server = Arc::new(Mutex::new(sluice_testkit::servers::RedisServer::redis()));
     let url = server.lock().unwrap().url();
     let store = sluice_redis::RedisStore::builder(url)
@@ -159,7 +161,7 @@ async fn charge_fails(mode: FailureMode) -> (StatusCode, sluice_http::StatsSnaps
                 let stop = Arc::clone(&stop);
                 async move {
                     stop.lock().unwrap().stop();
-                    StatusCode::UNAUTHORIZED
+                    StatusCode::OK
                 }
             }),
         )
@@ -170,18 +172,119 @@ async fn charge_fails(mode: FailureMode) -> (StatusCode, sluice_http::StatsSnaps
 }
 
 #[tokio::test]
-async fn a_failed_charge_follows_the_failure_mode() {
-    let (status, stats) = charge_fails(FailureMode::Open).await;
-    assert_eq!(status, StatusCode::UNAUTHORIZED);
-    assert_eq!(
-        (stats.allowed, stats.charged, stats.charge_failed),
-        (1, 0, 1)
-    );
+async fn a_failed_refund_delivers_the_response_and_leaves_the_request_counted() {
+    for mode in [FailureMode::Open, FailureMode::Closed] {
+        let (status, stats) = refund_fails(mode).await;
+        assert_eq!(status, StatusCode::OK, "{mode:?}");
+        assert_eq!(
+            (
+                stats.allowed,
+                stats.charged,
+                stats.refunded,
+                stats.refund_failed
+            ),
+            (1, 0, 0, 1),
+            "{mode:?}"
+        );
+    }
+}
 
-    let (status, stats) = charge_fails(FailureMode::Closed).await;
-    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+/// Sends a GET on a fresh connection and closes it after `after`, before any answer.
+async fn abandon(addr: std::net::SocketAddr, path: &str, after: Duration) {
+    use tokio::io::AsyncWriteExt;
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: t\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    tokio::time::sleep(after).await;
+    drop(s);
+}
+
+/// An app whose handlers count how many requests reached them: `/login` is a password check
+/// taking 100 ms (401 unless `password=right`), `/slow` acts on entry and answers after 300 ms.
+fn counting_app(rule: Rule) -> (Router, Arc<AtomicU64>) {
+    let reached = Arc::new(AtomicU64::new(0));
+    let layer = RateLimitLayer::builder(Limiter::memory())
+        .rule(rule)
+        .build();
+    let (a, b) = (Arc::clone(&reached), Arc::clone(&reached));
+    let router = Router::new()
+        .route(
+            "/login",
+            route(move |uri: http::Uri| {
+                let reached = Arc::clone(&a);
+                async move {
+                    reached.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    login(uri).await
+                }
+            }),
+        )
+        .route(
+            "/slow",
+            route(move || {
+                let reached = Arc::clone(&b);
+                async move {
+                    reached.fetch_add(1, Ordering::SeqCst);
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    StatusCode::OK
+                }
+            }),
+        )
+        .layer(layer);
+    (router, reached)
+}
+
+#[tokio::test]
+async fn concurrent_wrong_passwords_cannot_pass_a_limit_of_5_together() {
+    let rule = Rule::new("/login")
+        .policy(fixed("login", 5))
+        .count(Count::statuses([401]).unwrap());
+    let (router, reached) = counting_app(rule);
+    let addr = support::serve(router).await;
+    let replies =
+        futures::future::join_all((0..250).map(|_| get(addr, "/login?password=wrong", &[]))).await;
+    let unauthorized = replies
+        .iter()
+        .filter(|r| r.status == StatusCode::UNAUTHORIZED)
+        .count();
+    let limited = replies
+        .iter()
+        .filter(|r| r.status == StatusCode::TOO_MANY_REQUESTS)
+        .count();
+    assert_eq!((unauthorized, limited), (5, 245));
+    assert_eq!(reached.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test]
+async fn right_passwords_in_flight_hold_their_unit_and_give_it_back() {
+    let rule = Rule::new("/login")
+        .policy(fixed("login", 5))
+        .count(Count::statuses([401]).unwrap());
+    let (router, _reached) = counting_app(rule);
+    let addr = support::serve(router).await;
+    // Sequential right passwords never use the limit up: each unit comes back.
+    for _ in 0..10 {
+        let r = get(addr, "/login?password=right", &[]).await;
+        assert_eq!(r.status, StatusCode::OK);
+        assert!(r.header("ratelimit").unwrap().contains(";r=5;"));
+    }
+}
+
+#[tokio::test]
+async fn requests_abandoned_before_their_status_stay_counted() {
+    let rule = Rule::new("/slow")
+        .policy(fixed("successes", 3))
+        .count(Count::Successes);
+    let (router, reached) = counting_app(rule);
+    let addr = support::serve(router).await;
+    for _ in 0..20 {
+        // The client gives up after 100 ms; the handler answers after 300 ms.
+        abandon(addr, "/slow", Duration::from_millis(100)).await;
+    }
+    assert_eq!(reached.load(Ordering::SeqCst), 3);
     assert_eq!(
-        (stats.allowed, stats.charged, stats.charge_failed),
-        (1, 0, 1)
+        get(addr, "/slow", &[]).await.status,
+        StatusCode::TOO_MANY_REQUESTS
     );
 }
