@@ -1,24 +1,12 @@
 // sluice for Node: the Rust limiter as an addon, with a JS surface shaped for Node code.
 //
-// Every decision is made by the Rust crates inside `sluice.node` (built by
-// scripts/build.js); this file only names the algorithms, checks option names and adds
-// `release()` to results that hold concurrency leases. The middleware lives in
-// lib/express.js and lib/fastify.js.
+// Every decision is made by the Rust crates inside the addon; this file only names the
+// algorithms, checks option names and adds `release()` to results that hold concurrency
+// leases. The middleware lives in lib/express.js and lib/fastify.js. Where the addon comes
+// from is decided in lib/addon.js (built from source, or the prebuilt platform package).
 'use strict';
 
-const path = require('node:path');
-
-let native;
-try {
-  native = require(path.join(__dirname, 'sluice.node'));
-} catch (e) {
-  const err = new Error(
-    `sluice: cannot load ${path.join(__dirname, 'sluice.node')} (${e.message}); ` +
-      'build it with `npm install` in bindings/node, or `node bindings/node/scripts/build.js`',
-  );
-  err.code = 'ERR_SLUICE_ADDON';
-  throw err;
-}
+const native = require('./lib/addon.js').load();
 
 const NativePolicy = native.Policy;
 const NativeLimiter = native.Limiter;

@@ -1,22 +1,44 @@
 #!/usr/bin/env node
-// Builds the addon with cargo and copies it next to index.js as `sluice.node`.
+// The package's `install` script: makes sure there is an addon to load, building it with
+// cargo only when it has to.
 //
-// `npm install ./bindings/node` runs this (the package's `install` script): it needs a Rust
-// toolchain and the sluice workspace this folder sits in, and nothing downloaded at run
-// time. SLUICE_NODE_PROFILE=debug builds without optimisations (faster to build, for tests);
-// the default is release. SLUICE_NODE_SKIP_BUILD=1 keeps an existing sluice.node.
+// Installed from the npm tarballs (`scripts/package`), the addon comes prebuilt in the
+// platform package (`sluice-linux-x64-gnu`, an optional dependency): nothing is built, and no
+// Rust toolchain is needed. Installed from the repository (`npm install ./bindings/node`),
+// this builds it with cargo and copies it next to index.js as `sluice.node`; that needs a Rust
+// toolchain and the sluice workspace this folder sits in, and nothing downloaded at run time.
+// SLUICE_NODE_PROFILE=debug builds without optimisations (faster to build, for tests); the
+// default is release. SLUICE_NODE_SKIP_BUILD=1 keeps an existing sluice.node.
 'use strict';
 
 const { execFileSync } = require('node:child_process');
 const fs = require('node:fs');
 const path = require('node:path');
+const addon = require('../lib/addon.js');
 
 const here = path.resolve(__dirname, '..');
-const out = path.join(here, 'sluice.node');
+const out = addon.localAddon;
 
 if (process.env.SLUICE_NODE_SKIP_BUILD === '1' && fs.existsSync(out)) {
   console.log(`sluice: keeping ${out}`);
   process.exit(0);
+}
+
+const sources = fs.existsSync(path.join(here, 'Cargo.toml'));
+const prebuilt = addon.resolvePrebuilt();
+if (prebuilt !== null && !(sources && fs.existsSync(out))) {
+  console.log(`sluice: using the prebuilt addon ${prebuilt}`);
+  process.exit(0);
+}
+if (!sources) {
+  const name = addon.prebuiltPackage();
+  console.error(
+    name === null
+      ? `sluice: there is no prebuilt addon for ${addon.platformTriple()}; build from source: ` +
+          'npm install ./path/to/sluice/bindings/node (needs a Rust toolchain)'
+      : `sluice: the prebuilt addon ${name} is missing (was it installed with --omit=optional?)`,
+  );
+  process.exit(1);
 }
 
 const profile = process.env.SLUICE_NODE_PROFILE === 'debug' ? 'debug' : 'release';
