@@ -63,6 +63,9 @@ pub fn load(args: &ServeArgs) -> Result<Config, ServeError> {
 /// Runs `sluice serve` until SIGTERM or ctrl-c.
 pub async fn serve(args: ServeArgs) -> Result<(), ServeError> {
     let config = load(&args)?;
+    for warning in config.warnings() {
+        tracing::warn!("{warning}");
+    }
     let listeners = Listeners::bind(&config).await?;
     crate::run(config, listeners, crate::shutdown_signal()).await
 }
@@ -85,13 +88,17 @@ pub fn summary(file: &std::path::Path, c: &Config) -> String {
 }
 
 /// Runs `sluice validate`: prints each error as `FILE:LINE: field: message` on stderr and
-/// exits 1, or prints a summary and exits 0.
+/// exits 1, or prints any warnings (`FILE: warning: ...`, on stderr) and a summary and exits 0.
 pub fn validate(args: ValidateArgs) -> ExitCode {
     let options = CheckOptions {
         skip_env_secrets: args.no_secrets,
     };
     match Config::load_with(&args.config, options) {
         Ok(c) => {
+            // Advice, not errors: the file is valid and the exit status stays 0.
+            for warning in c.warnings() {
+                eprintln!("{}: warning: {warning}", args.config.display());
+            }
             println!("{}", summary(&args.config, &c));
             ExitCode::SUCCESS
         }

@@ -12,6 +12,13 @@
 //! A route's `count` becomes each of its layers' [`sluice_http::Count`]: with anything but
 //! `"all"` a layer checks without consuming and charges once the upstream's status is known.
 //!
+//! Paths are normalized before anything else ([`sluice_http::path`]): routes match the normal
+//! form (case-insensitively for a route with `case_insensitive = true`), a path with no safe
+//! normal form is answered `400`, and the upstream receives exactly the normalized path that
+//! was limited (the query string as sent). A route that counts by outcome reserves its cost at
+//! the check; the 502 and 504 the proxy answers for a failed upstream carry
+//! [`sluice_http::UpstreamFailed`], so such a request stays counted whatever the route counts.
+//!
 //! Forwarding streams both bodies (nothing is buffered), drops hop-by-hop headers, and appends
 //! the client's address to `X-Forwarded-For` so the upstream sees who called. Connecting to an
 //! upstream is bounded by `proxy.connect_timeout` (502 past it) and waiting for its response
@@ -32,7 +39,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use parking_lot::Mutex;
-use sluice_http::{ClientIpConfig, RateLimitLayer, Rule};
+use sluice_http::{ClientIpConfig, RateLimitLayer, Rule, UpstreamFailed};
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
 
@@ -132,7 +139,9 @@ fn build_table(rt: &Runtime, client: HttpClient) -> Table {
                 layered.map_response(|res: http::Response<_>| res.map(Body::new)),
             );
         }
-        let mut rule = Rule::new(route.prefix.clone()).methods(route.methods.iter().cloned());
+        let mut rule = Rule::new(route.prefix.clone())
+            .methods(route.methods.iter().cloned())
+            .case_insensitive(route.case_insensitive);
         for name in &route.policies {
             if let Some(pc) = config.policies.get(name) {
                 rule = rule.policy(Arc::clone(&pc.policy));
@@ -233,10 +242,10 @@ async fn forward(
         Some(t) => match tokio::time::timeout(t, sent).await {
             Ok(r) => r,
             Err(_) => {
-                return problem(
+                return upstream_failed(problem(
                     StatusCode::GATEWAY_TIMEOUT,
                     &format!("the upstream did not answer within {t:?}"),
-                );
+                ));
             }
         },
         None => sent.await,
@@ -249,12 +258,31 @@ async fn forward(
         }
         Err(e) => {
             tracing::warn!(error = %e, upstream = %upstream, "upstream request failed");
-            problem(StatusCode::BAD_GATEWAY, "the upstream could not be reached")
+            upstream_failed(problem(
+                StatusCode::BAD_GATEWAY,
+                "the upstream could not be reached",
+            ))
         }
     }
 }
 
-async fn dispatch(State(state): State<ProxyState>, req: Request) -> Response {
+/// Marks a stand-in answer for a failed upstream, so a route counting by outcome keeps the
+/// request counted (the upstream may have acted on it).
+fn upstream_failed(mut res: Response) -> Response {
+    res.extensions_mut().insert(UpstreamFailed);
+    res
+}
+
+async fn dispatch(State(state): State<ProxyState>, mut req: Request) -> Response {
+    match sluice_http::path::normalize_uri(req.uri()) {
+        Ok(None) => {}
+        Ok(Some(normal)) => *req.uri_mut() = normal,
+        Err(e) => {
+            metrics::counter!("sluice_proxy_requests_total", "route" => "none", "status" => "400")
+                .increment(1);
+            return problem(StatusCode::BAD_REQUEST, e.message());
+        }
+    }
     let rt = state.shared.runtime();
     let table = state.table(&rt);
     let path = req.uri().path().to_string();

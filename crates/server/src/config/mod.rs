@@ -82,6 +82,8 @@ pub struct Route {
     pub upstream: http::Uri,
     /// Which responses are charged (`count = "failures"` etc.; default every request).
     pub count: sluice_http::Count,
+    /// Match the prefix without regard to ASCII case (for upstreams that route that way).
+    pub case_insensitive: bool,
 }
 
 /// The listeners.

@@ -117,6 +117,8 @@ pub(super) struct RawRoute {
     pub policies: Vec<Spanned<String>>,
     pub upstream: Spanned<String>,
     pub count: Option<Spanned<super::routes::RawCount>>,
+    #[serde(default)]
+    pub case_insensitive: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]

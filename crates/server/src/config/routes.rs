@@ -9,7 +9,7 @@ use sluice_http::{Count, TrustedProxies};
 use super::check::duration;
 use super::error::Checker;
 use super::raw::{RawConfig, RawProxy};
-use super::{ProxyConfig, Route};
+use super::{Config, IdentitySource, PolicyConfig, ProxyConfig, Route};
 
 /// `count` as written: `"all" | "successes" | "failures"` or a list of statuses.
 #[derive(Debug, Deserialize)]
@@ -120,6 +120,7 @@ pub(super) fn check_routes(ck: &mut Checker<'_>, raw: &RawConfig) -> Vec<Route> 
                 policies: rr.policies.iter().map(|p| p.get_ref().clone()).collect(),
                 upstream,
                 count,
+                case_insensitive: rr.case_insensitive,
             });
         }
     }
@@ -169,5 +170,70 @@ pub(super) fn check_proxy(ck: &mut Checker<'_>, p: &RawProxy) -> ProxyConfig {
         trusted_proxies: TrustedProxies::cidrs(&trusted).unwrap_or_default(),
         upstream_timeout,
         connect_timeout,
+    }
+}
+
+/// How an identity source is written in the file, when the client chooses its value: a
+/// value sluice does not verify, so a client that sends a new one each time is a new identity
+/// with a fresh limit each time. `None` for the client address, `global` and verified JWT
+/// claims. A composite is client-chosen when any part is (changing that part is enough).
+pub(super) fn client_chosen(source: &IdentitySource) -> Option<String> {
+    match source {
+        IdentitySource::Ip | IdentitySource::Global | IdentitySource::Jwt(_) => None,
+        IdentitySource::Header(h) => Some(format!("header:{h}")),
+        IdentitySource::ApiKey(h) => Some(format!("api-key:{h}")),
+        IdentitySource::Bearer => Some("bearer".into()),
+        IdentitySource::Cookie(c) => Some(format!("cookie:{c}")),
+        IdentitySource::Query(q) => Some(format!("query:{q}")),
+        IdentitySource::Composite(parts) => {
+            let chosen: Vec<String> = parts.iter().filter_map(client_chosen).collect();
+            (!chosen.is_empty()).then(|| format!("[{}]", chosen.join(", ")))
+        }
+    }
+}
+
+impl Config {
+    /// Advice about a valid file, one line each: routes whose every enforced policy takes its
+    /// identity from a value the client chooses (`sluice validate` prints them, `sluice serve`
+    /// logs them). Such a route limits each value, not each client: without a per-IP (or
+    /// verified) policy next to it, rotating the value walks past the limit.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for route in &self.routes {
+            let enforced: Vec<&PolicyConfig> = route
+                .policies
+                .iter()
+                .filter_map(|n| self.policies.get(n))
+                .filter(|p| !p.policy.shadow && !self.shadow)
+                .collect();
+            if enforced.is_empty() {
+                continue;
+            }
+            let chosen: Option<Vec<String>> = enforced
+                .iter()
+                .map(|p| client_chosen(&p.identity))
+                .collect();
+            let Some(mut chosen) = chosen else {
+                continue;
+            };
+            chosen.dedup();
+            let methods = if route.methods.is_empty() {
+                String::new()
+            } else {
+                let m: Vec<&str> = route.methods.iter().map(http::Method::as_str).collect();
+                format!(" ({})", m.join(", "))
+            };
+            out.push(format!(
+                "route {:?}{methods}: its only identity is chosen by the client ({}); \
+                 sluice does not verify it, so a client that sends a new value each time gets a \
+                 fresh limit each time. Add a per-IP policy to the route (identity = \"ip\") \
+                 as a ceiling across values, or limit by a verified identity (jwt:CLAIM, or a \
+                 header that an authenticating gateway in front sets and overwrites) \
+                 (docs/http.md, \"Identity sources\")",
+                route.prefix,
+                chosen.join(", ")
+            ));
+        }
+        out
     }
 }
