@@ -4,8 +4,8 @@
 //! carry on). It first drops every entry back at its initial value: those carry no
 //! information. If the store is still over, it evicts live entries, soonest back at rest first,
 //! down to 95% of each limit (so a full store does not scan on every insert); each one leaves
-//! a trace in its policy's summary ([`crate::summary`]), which later checks of the key start
-//! from. The order only decides who loses precision: whatever is evicted, no key ends up less
+//! a trace in the shard's table of evicted keys ([`crate::fingerprints`]) or, when that is full,
+//! in its policy's sketch ([`crate::summary`]); later checks of the key start from it. The order only decides who loses precision: whatever is evicted, no key ends up less
 //! restricted than it was. It is not least-recently-used.
 #![forbid(unsafe_code)]
 
@@ -65,8 +65,10 @@ impl MemoryStore {
             .map_or(0, |max| len.saturating_sub(max - max / 20));
         let by_bytes = self.max_memory.map_or(0, |max| {
             let over = self.memory_bytes().saturating_sub(max - max / 20);
-            // Each entry frees about the average: its slot's share of the table and its heap.
-            over.div_ceil((self.memory_bytes() / len.max(1)).max(1))
+            // Each entry frees about the average: its slot's share of the table and its heap
+            // (the summaries are not the entries').
+            let entries = self.memory_bytes().saturating_sub(self.summary_bytes());
+            over.div_ceil((entries / len.max(1)).max(1))
         });
         by_keys.max(by_bytes).max(len / 20).max(1).min(len)
     }
@@ -93,13 +95,18 @@ impl MemoryStore {
                 }
                 let mut shard = shard.write();
                 let before = shard.len();
+                let summary_before = shard.summary_bytes();
                 let (r, i) = shard.evict(cutoff, strictly_before, &mut budget, now);
+                let summary_after = shard.summary_bytes();
                 shard.shrink_if_sparse();
                 let removed = before - shard.len();
                 let bytes = shard.take_bytes_delta();
                 drop(shard);
                 self.keys.fetch_sub(removed, Ordering::Relaxed);
                 self.account_bytes(bytes);
+                // Summaries only grow.
+                self.summary_bytes
+                    .fetch_add(summary_after - summary_before, Ordering::Relaxed);
                 at_rest += r;
                 informative += i;
             }

@@ -26,13 +26,16 @@
 //! after as many writes as it holds entries (amortised O(1) per write). Optional limits on keys
 //! (`max_keys`) and bytes (`max_memory`, counted as [`MemoryStore::memory_bytes`] says) make the
 //! store evict (module `evict`): entries back at rest first, then live ones, whose summary
-//! ([`summary`]) keeps an evicted key at least as restricted as it was. An eviction can never
-//! turn a denial into an admission; `docs/embedded-store.md` states the exact guarantee.
+//! keeps an evicted key at least as restricted as it was: the key's own trace in a table of
+//! fingerprints ([`fingerprints`]), found again only by that key, so fresh identities start
+//! fresh; the traces that table has no room for in a sketch ([`summary`]). An eviction can
+//! never turn a denial into an admission; `docs/embedded-store.md` states the exact guarantee.
 //! Module `shard` holds one shard's table, its byte count and its summaries.
 #![forbid(unsafe_code)]
 
 mod adjust;
 mod evict;
+pub mod fingerprints;
 mod shard;
 pub mod summary;
 
@@ -132,6 +135,9 @@ pub struct EvictionCounts {
     pub informative: u64,
     /// Checks of keys the map no longer held that started from a summary.
     pub summarized_checks: u64,
+    /// Traces that found no room in the fingerprint table and went to a sketch, where they
+    /// may also restrict other keys (see `docs/embedded-store.md`).
+    pub to_sketch: u64,
 }
 
 /// The embedded in-memory [`Store`].
@@ -150,6 +156,8 @@ pub struct MemoryStore {
     keys: AtomicUsize,
     /// Bytes allocated over all shards (see [`MemoryStore::memory_bytes`]).
     bytes: AtomicUsize,
+    /// The part of `bytes` taken by the summaries of evicted keys (only eviction changes it).
+    summary_bytes: AtomicUsize,
     /// Held while enforcing the limits, so only one thread evicts at a time.
     evicting: Mutex<()>,
     /// The id of the lease standing for evicted concurrency leases: random, never handed out.
@@ -168,11 +176,16 @@ pub struct MemoryStoreBuilder {
     max_keys: Option<usize>,
     max_memory: Option<usize>,
     summary_width: usize,
+    fingerprint_memory: Option<usize>,
 }
 
 /// Default cells per row of each policy's summary, over all shards: 1 MiB per policy that had
 /// to evict live state.
 pub const DEFAULT_SUMMARY_WIDTH: usize = 16_384;
+
+/// Slots of the fingerprint table per key of `max_keys`, when no `max_memory` sizes it: a flood
+/// of up to about 30 times `max_keys` fresh identities is remembered key by key.
+pub const FINGERPRINTS_PER_KEY: usize = 32;
 
 impl MemoryStoreBuilder {
     /// The source of `now` (default: [`FastClock`], the wall clock at creation advanced by a
@@ -206,12 +219,30 @@ impl MemoryStoreBuilder {
         self.summary_width = cells.max(1);
         self
     }
+    /// The most bytes of the table that remembers each evicted key's own trace, over all
+    /// shards (32 bytes a slot). Default: half of `max_memory`; with only `max_keys`,
+    /// [`FINGERPRINTS_PER_KEY`] slots per key. Past it, traces of evicted keys go to the
+    /// coarser summary, which may deny fresh identities (see `docs/embedded-store.md`).
+    pub fn fingerprint_memory(mut self, bytes: usize) -> Self {
+        self.fingerprint_memory = Some(bytes);
+        self
+    }
     /// The store.
     pub fn build(self) -> MemoryStore {
         let width = (self.summary_width / self.shards).max(16);
+        let table = self
+            .fingerprint_memory
+            .unwrap_or(match (self.max_memory, self.max_keys) {
+                (Some(bytes), _) => bytes / 2,
+                (None, Some(keys)) => {
+                    keys.saturating_mul(FINGERPRINTS_PER_KEY * fingerprints::SLOT_BYTES)
+                }
+                (None, None) => 0,
+            });
+        let slots = table / self.shards / fingerprints::SLOT_BYTES;
         MemoryStore {
             shards: (0..self.shards)
-                .map(|_| ShardLock(ShardedLock::new(Shard::new(width))))
+                .map(|_| ShardLock(ShardedLock::new(Shard::new(width, slots))))
                 .collect(),
             hasher: ahash::RandomState::new(),
             clock: self.clock,
@@ -220,6 +251,7 @@ impl MemoryStoreBuilder {
             max_memory: self.max_memory,
             keys: AtomicUsize::new(0),
             bytes: AtomicUsize::new(0),
+            summary_bytes: AtomicUsize::new(0),
             evicting: Mutex::new(()),
             evicted_lease: LeaseId(format!("evicted-{:016x}", rand::random::<u64>())),
             evicted_at_rest: AtomicU64::new(0),
@@ -263,6 +295,7 @@ impl MemoryStore {
             max_keys: None,
             max_memory: None,
             summary_width: DEFAULT_SUMMARY_WIDTH,
+            fingerprint_memory: None,
         }
     }
 
@@ -284,12 +317,30 @@ impl MemoryStore {
         self.bytes.load(Ordering::Relaxed)
     }
 
+    /// The part of [`MemoryStore::memory_bytes`] taken by the summaries of evicted keys: the
+    /// fingerprint tables and the sketches.
+    pub fn summary_bytes(&self) -> usize {
+        self.summary_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Slots of the fingerprint tables: `(allocated, holding a live trace, most allowed)`,
+    /// over all shards (a scan: for tests and measurements).
+    pub fn fingerprint_slots(&self) -> (usize, usize, usize) {
+        let now = self.now();
+        self.shards.iter().fold((0, 0, 0), |(a, l, m), s| {
+            let s = s.read();
+            let f = s.fingerprints();
+            (a + f.slots(), l + f.live(now), m + f.max_slots())
+        })
+    }
+
     /// The eviction counters (for `sluice_store_evictions_total{kind="at_rest"|"informative"}`).
     pub fn eviction_counts(&self) -> EvictionCounts {
         EvictionCounts {
             at_rest: self.evicted_at_rest.load(Ordering::Relaxed),
             informative: self.evicted_informative.load(Ordering::Relaxed),
             summarized_checks: self.summarized_checks.load(Ordering::Relaxed),
+            to_sketch: self.shards.iter().map(|s| s.read().overflowed).sum(),
         }
     }
 

@@ -12,7 +12,12 @@
 //! (its exact allocation, slots and control bytes), each key's heap copy and the heap part of
 //! each state (a boxed entry, a sliding log's entries, a concurrency limit's leases), every
 //! heap block rounded up as glibc's allocator does (16-byte steps, 8 bytes of header, 32 bytes
-//! at least), and the sketches.
+//! at least), and the summaries of evicted keys: the table of their fingerprints and the
+//! sketches.
+//!
+//! An evicted key's trace goes to the shard's [`Fingerprints`] table, found again only by the
+//! same key; the traces the table has no room for go to the sketch of the key's policy. A check
+//! of a key the map does not hold starts from the larger of the two bounds it finds.
 #![forbid(unsafe_code)]
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -24,7 +29,8 @@ use sluice_core::algorithm::{
 };
 use sluice_core::{Algorithm, LeaseId, Timestamp};
 
-use crate::summary::{self, Sketch};
+use crate::fingerprints::{Fingerprints, Overflow};
+use crate::summary::{self, Sketch, Trace};
 
 /// Policies (distinct algorithms) with a sketch of their own, per shard; keys of further
 /// policies share one sketch.
@@ -406,6 +412,10 @@ pub(crate) struct Shard {
     sketch_width: usize,
     /// Bytes of the sketches made so far.
     sketch_bytes: usize,
+    /// The evicted keys' own traces.
+    fingerprints: Fingerprints,
+    /// Traces that found no slot and went to a sketch, since the shard was made.
+    pub(crate) overflowed: u64,
 }
 
 /// Bytes the allocator takes for a block of `n` bytes (glibc: 8 bytes of header, 16-byte
@@ -441,8 +451,9 @@ fn state_heap(state: &State) -> usize {
 }
 
 impl Shard {
-    /// An empty shard whose sketches get `sketch_width` cells per row.
-    pub(crate) fn new(sketch_width: usize) -> Self {
+    /// An empty shard whose sketches get `sketch_width` cells per row and whose table of
+    /// evicted keys grows to `fingerprint_slots` slots.
+    pub(crate) fn new(sketch_width: usize, fingerprint_slots: usize) -> Self {
         Self {
             map: HashTable::new(),
             ops_since_sweep: 0,
@@ -452,7 +463,20 @@ impl Shard {
             shared: None,
             sketch_width,
             sketch_bytes: 0,
+            fingerprints: Fingerprints::new(fingerprint_slots),
+            overflowed: 0,
         }
+    }
+
+    /// Bytes of the summaries of evicted keys: the fingerprint table and the sketches.
+    #[inline]
+    pub(crate) fn summary_bytes(&self) -> usize {
+        self.sketch_bytes + alloc_bytes(self.fingerprints.heap_bytes())
+    }
+
+    /// The table of evicted keys.
+    pub(crate) fn fingerprints(&self) -> &Fingerprints {
+        &self.fingerprints
     }
 
     /// Keys held.
@@ -506,12 +530,37 @@ impl Shard {
             Some(e) if e.expires_at > now => Lookup::Live(e),
             // Stored after any eviction of the key, so it is newer than the summary.
             Some(_) => Lookup::Stale,
-            None if self.sketch_bytes == 0 => Lookup::Absent,
+            None if self.sketch_bytes == 0 && self.fingerprints.is_empty() => Lookup::Absent,
             None => self
-                .sketch_of(algorithm)
-                .and_then(|s| s.bound(hash, now))
+                .evicted_bound(hash, algorithm, now)
                 .and_then(|b| summary::restrictive_state(algorithm, b, now, evicted_lease))
                 .map_or(Lookup::Absent, Lookup::Summarized),
+        }
+    }
+
+    /// The bound on the evicted state of the key of `hash` under `algorithm`: the larger of
+    /// its own trace in the fingerprint table and its sketch's bound (the key may have left a
+    /// trace in each, the older one pushed out to the sketch). `None` when neither has one.
+    fn evicted_bound(&self, hash: u64, algorithm: &Algorithm, now: Timestamp) -> Option<Trace> {
+        let own = self
+            .policy_of(algorithm)
+            .and_then(|p| self.fingerprints.find(hash, p, now));
+        let coarse = self.sketch_of(algorithm).and_then(|s| s.bound(hash, now));
+        match (own, coarse) {
+            (Some(a), Some(b)) => Some(Trace {
+                amount: a.amount.max(b.amount),
+                until: a.until.max(b.until),
+            }),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The policy index keys of `algorithm` are summarized under, if it has one.
+    fn policy_of(&self, algorithm: &Algorithm) -> Option<u8> {
+        match self.policies.iter().position(|p| p.algorithm == *algorithm) {
+            Some(i) => Some(i as u8),
+            None if self.policies.len() >= MAX_POLICIES => Some(SHARED),
+            None => None,
         }
     }
 
@@ -665,8 +714,9 @@ impl Shard {
     }
 
     /// Evicts up to `*budget` entries back at rest by `cutoff` (strictly before it when
-    /// `strictly_before`), writing a trace of every one still live at `now` into its policy's
-    /// sketch. Returns `(at rest, informative)` counts and lowers `*budget` by their sum.
+    /// `strictly_before`), writing a trace of every one still live at `now` into the
+    /// fingerprint table, or into its policy's sketch when the table has no room for it.
+    /// Returns `(at rest, informative)` counts and lowers `*budget` by their sum.
     pub(crate) fn evict(
         &mut self,
         cutoff: Timestamp,
@@ -675,6 +725,7 @@ impl Shard {
         now: Timestamp,
     ) -> (usize, usize) {
         let (mut at_rest, mut informative) = (0, 0);
+        let table_before = alloc_bytes(self.fingerprints.heap_bytes());
         let Shard {
             map,
             bytes,
@@ -682,6 +733,8 @@ impl Shard {
             shared,
             sketch_width,
             sketch_bytes,
+            fingerprints,
+            overflowed,
             ..
         } = self;
         map.retain(|s| {
@@ -701,7 +754,17 @@ impl Shard {
                 return false;
             }
             informative += 1;
-            let slot_sketch = match policies.get_mut(usize::from(s.policy)) {
+            let trace = summary::trace(&e.state, e.expires_at, now);
+            let Some(out) = fingerprints.record(s.hash, s.policy, trace, now) else {
+                return false;
+            };
+            *overflowed += 1;
+            let Overflow {
+                hash,
+                policy,
+                trace,
+            } = out;
+            let slot_sketch = match policies.get_mut(usize::from(policy)) {
                 Some(p) => &mut p.sketch,
                 None => &mut *shared,
             };
@@ -710,9 +773,10 @@ impl Shard {
                 *bytes += Sketch::bytes_for(*sketch_width);
                 Sketch::new(*sketch_width)
             });
-            sketch.record(s.hash, summary::trace(&e.state, e.expires_at, now), now);
+            sketch.record(hash, trace, now);
             false
         });
+        self.bytes = self.bytes + alloc_bytes(self.fingerprints.heap_bytes()) - table_before;
         (at_rest, informative)
     }
 

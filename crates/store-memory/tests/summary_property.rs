@@ -1,6 +1,8 @@
 //! Property: a store that evicts admits nothing an exact store would deny. Random sequences of
 //! checks (random keys of two policies, costs and clock steps) go to a store squeezed to 4 keys
-//! with tiny summaries (so evictions and summary collisions happen all the time) and, when it
+//! with tiny summaries (so evictions and summary collisions happen all the time; a fingerprint
+//! table of one bucket up to a table that holds every key, so traces also overflow from the table
+//! into the sketch, and keys carry traces in both) and, when it
 //! admits, to an unbounded store that saw exactly the same admitted checks. The unbounded one
 //! must admit too, with at least as much remaining.
 
@@ -46,6 +48,7 @@ proptest! {
     fn summarized_decisions_never_admit_more_than_exact(
         a in algorithm(),
         b in algorithm(),
+        slots in prop::sample::select(vec![8usize, 16, 128]),
         steps in prop::collection::vec((0usize..12, 0u64..=3, 0u64..700), 1..200),
     ) {
         let clock = ManualClock::new(1_700_000_000_000_000);
@@ -54,6 +57,7 @@ proptest! {
             .shards(1)
             .max_keys(4)
             .summary_width(16)
+            .fingerprint_memory(slots * sluice_memory::fingerprints::SLOT_BYTES)
             .build();
         let exact = MemoryStore::with_clock(Arc::new(clock.clone()));
         let keys: Vec<String> = (0..12).map(|i| format!("rl:{{user:{i}}}:p")).collect();

@@ -1,0 +1,315 @@
+//! The exact memory of evicted keys: one slot per evicted key, found again by the key's own
+//! keyed hash, so a key inherits a trace only if it is the key that left it.
+//!
+//! Why not only the sketch ([`crate::summary`]): a sketch cell is shared by every key that hashes
+//! to it, so once a flood has evicted a few times as many keys as a row has cells, most of a
+//! fresh identity's cells hold some flooder's trace and the identity is denied from its first
+//! request (with `max_keys = 10000`, 50,000 fresh identities at cost = capacity denied about
+//! two thirds of new ones). Here a slot holds the evicted key's whole 64-bit keyed hash, its
+//! policy and its trace; another key matches it only if both hashes are equal, about 16 in
+//! 2^64 per check. The sketch stays as the fallback for the traces that find no slot.
+//!
+//! # Layout
+//! Buckets of [`BUCKET`] slots; a key may sit in either of two buckets (the top bits of its hash
+//! times two different odd constants) and goes to the emptier one, which keeps the table about
+//! 90% full before a bucket overflows. A slot whose trace is back at rest is free. The table
+//! starts at [`INITIAL_SLOTS`] and doubles when both buckets of a new trace are full of live
+//! ones: each bucket splits into two, so every slot finds room. At `max_slots` it stops
+//! growing; a trace that finds both of its buckets full then pushes out the trace of the 17
+//! (16 held and the new one) that is back at rest soonest, and [`Fingerprints::record`] returns
+//! it for the sketch. So a flood larger than the table degrades to the sketch's precision for
+//! the excess, never to less restriction.
+#![forbid(unsafe_code)]
+
+use sluice_core::Timestamp;
+
+use crate::summary::Trace;
+
+/// Slots per bucket.
+pub const BUCKET: usize = 8;
+/// Slots of a table when its first trace is recorded.
+pub const INITIAL_SLOTS: usize = 64;
+/// Bytes of one slot.
+pub const SLOT_BYTES: usize = std::mem::size_of::<Slot>();
+
+/// One evicted key: its keyed hash, the policy it was written under and its trace. Free when
+/// `until` has passed (`until == 0` for a slot never used).
+#[derive(Debug, Clone, Copy, Default)]
+struct Slot {
+    hash: u64,
+    until: Timestamp,
+    amount: u64,
+    policy: u8,
+}
+
+/// A trace that found no slot: it belongs in the sketch of `policy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Overflow {
+    pub hash: u64,
+    pub policy: u8,
+    pub trace: Trace,
+}
+
+/// The table of evicted keys (see the module docs).
+#[derive(Debug, Clone)]
+pub struct Fingerprints {
+    slots: Vec<Slot>,
+    /// The most slots the table grows to: a power of two, at least one bucket.
+    max_slots: usize,
+}
+
+impl Fingerprints {
+    /// An empty table (no allocation) that grows to at most `max_slots` slots (rounded down to
+    /// a power of two, at least [`BUCKET`]).
+    pub fn new(max_slots: usize) -> Self {
+        let max_slots = max_slots.max(BUCKET);
+        let max_slots = if max_slots.is_power_of_two() {
+            max_slots
+        } else {
+            max_slots.next_power_of_two() / 2
+        };
+        Self {
+            slots: Vec::new(),
+            max_slots,
+        }
+    }
+
+    /// The most slots this table grows to.
+    pub fn max_slots(&self) -> usize {
+        self.max_slots
+    }
+
+    /// Slots allocated.
+    pub fn slots(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// Whether nothing was ever recorded.
+    pub fn is_empty(&self) -> bool {
+        self.slots.is_empty()
+    }
+
+    /// Bytes of the slot array.
+    pub fn heap_bytes(&self) -> usize {
+        self.slots.capacity() * SLOT_BYTES
+    }
+
+    /// Slots holding a live trace at `now`.
+    pub fn live(&self, now: Timestamp) -> usize {
+        self.slots.iter().filter(|s| s.until > now).count()
+    }
+
+    /// The first slot of each of the two buckets of `hash` in a table of `len` slots.
+    fn buckets(hash: u64, len: usize) -> [usize; 2] {
+        let bits = (len / BUCKET).trailing_zeros();
+        let pick = |c: u64| {
+            if bits == 0 {
+                0
+            } else {
+                (hash.wrapping_mul(c) >> (64 - bits)) as usize * BUCKET
+            }
+        };
+        [pick(0x9E37_79B9_7F4A_7C15), pick(0xC2B2_AE3D_27D4_EB4F)]
+    }
+
+    /// The trace recorded for the key of `hash` under `policy`, if it is still live.
+    pub fn find(&self, hash: u64, policy: u8, now: Timestamp) -> Option<Trace> {
+        if self.slots.is_empty() {
+            return None;
+        }
+        Self::buckets(hash, self.slots.len())
+            .into_iter()
+            .flat_map(|b| &self.slots[b..b + BUCKET])
+            .find(|s| s.hash == hash && s.policy == policy && s.until > now)
+            .map(|s| Trace {
+                amount: s.amount,
+                until: s.until,
+            })
+    }
+
+    /// Records the trace of an evicted key. A live trace of the same hash and policy is
+    /// merged (the larger amount, the later time: the key's state was rebuilt from it, and if
+    /// another key shares the hash both stay covered). Returns the trace that found no slot,
+    /// if any: it must go to the sketch.
+    pub fn record(
+        &mut self,
+        hash: u64,
+        policy: u8,
+        trace: Trace,
+        now: Timestamp,
+    ) -> Option<Overflow> {
+        if trace.until <= now {
+            return None;
+        }
+        if self.slots.is_empty() {
+            self.slots = vec![Slot::default(); INITIAL_SLOTS.min(self.max_slots)];
+        }
+        loop {
+            let buckets = Self::buckets(hash, self.slots.len());
+            for b in buckets {
+                if let Some(s) = self.slots[b..b + BUCKET]
+                    .iter_mut()
+                    .find(|s| s.hash == hash && s.policy == policy && s.until > now)
+                {
+                    s.amount = s.amount.max(trace.amount);
+                    s.until = s.until.max(trace.until);
+                    return None;
+                }
+            }
+            let live = |b: usize| {
+                self.slots[b..b + BUCKET]
+                    .iter()
+                    .filter(|s| s.until > now)
+                    .count()
+            };
+            let emptier = if live(buckets[1]) < live(buckets[0]) {
+                buckets[1]
+            } else {
+                buckets[0]
+            };
+            if let Some(s) = self.slots[emptier..emptier + BUCKET]
+                .iter_mut()
+                .find(|s| s.until <= now)
+            {
+                *s = Slot {
+                    hash,
+                    until: trace.until,
+                    amount: trace.amount,
+                    policy,
+                };
+                return None;
+            }
+            if self.slots.len() < self.max_slots {
+                self.grow(now);
+                continue;
+            }
+            // Full: the trace back at rest soonest leaves for the sketch.
+            let soonest = buckets
+                .into_iter()
+                .flat_map(|b| b..b + BUCKET)
+                .min_by_key(|&i| self.slots[i].until)
+                .unwrap_or(0);
+            let out = self.slots[soonest];
+            if trace.until <= out.until {
+                return Some(Overflow {
+                    hash,
+                    policy,
+                    trace,
+                });
+            }
+            self.slots[soonest] = Slot {
+                hash,
+                until: trace.until,
+                amount: trace.amount,
+                policy,
+            };
+            return Some(Overflow {
+                hash: out.hash,
+                policy: out.policy,
+                trace: Trace {
+                    amount: out.amount,
+                    until: out.until,
+                },
+            });
+        }
+    }
+
+    /// Doubles the table, dropping the traces back at rest. Each old bucket splits into two
+    /// new ones (the next bit of the same products), so every live slot finds room.
+    fn grow(&mut self, now: Timestamp) {
+        let len = self.slots.len() * 2;
+        let mut next = vec![Slot::default(); len];
+        for (i, s) in self.slots.iter().enumerate() {
+            if s.until <= now {
+                continue;
+            }
+            let old = Self::buckets(s.hash, self.slots.len());
+            // The bucket it sat in (the first if both are the same one).
+            let which = usize::from(old[0] != i / BUCKET * BUCKET);
+            let b = Self::buckets(s.hash, len)[which];
+            if let Some(free) = next[b..b + BUCKET].iter_mut().find(|n| n.until == 0) {
+                *free = *s;
+            }
+        }
+        self.slots = next;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: Timestamp = 1_700_000_000_000_000;
+
+    fn trace(amount: u64, until: Timestamp) -> Trace {
+        Trace { amount, until }
+    }
+
+    fn hash(i: u64) -> u64 {
+        i.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ (i << 7)
+    }
+
+    #[test]
+    fn a_key_finds_only_its_own_trace() {
+        let mut f = Fingerprints::new(1 << 12);
+        for i in 0..1000 {
+            assert_eq!(f.record(hash(i), 0, trace(i, T0 + 10), T0), None);
+        }
+        for i in 0..1000 {
+            assert_eq!(f.find(hash(i), 0, T0), Some(trace(i, T0 + 10)));
+            assert_eq!(f.find(hash(i), 1, T0), None, "another policy");
+        }
+        for i in 1000..100_000 {
+            assert_eq!(f.find(hash(i), 0, T0), None);
+        }
+        // Gone once back at rest.
+        assert_eq!(f.find(hash(3), 0, T0 + 10), None);
+    }
+
+    #[test]
+    fn a_key_recorded_twice_keeps_the_larger_trace() {
+        let mut f = Fingerprints::new(64);
+        f.record(7, 0, trace(5, T0 + 10), T0);
+        f.record(7, 0, trace(2, T0 + 30), T0);
+        assert_eq!(f.find(7, 0, T0), Some(trace(5, T0 + 30)));
+        assert_eq!(f.live(T0), 1);
+    }
+
+    #[test]
+    fn growth_keeps_every_live_trace_and_drops_those_at_rest() {
+        let mut f = Fingerprints::new(1 << 16);
+        for i in 0..20_000 {
+            let until = if i % 2 == 0 { T0 + 5 } else { T0 + 100 };
+            assert_eq!(f.record(hash(i), 0, trace(1, until), T0), None);
+        }
+        assert!(f.slots() <= 1 << 15, "{} slots", f.slots());
+        // After the even ones are back at rest, the odd ones survive more growth.
+        for i in 20_000..40_000 {
+            assert_eq!(f.record(hash(i), 0, trace(1, T0 + 100), T0 + 6), None);
+        }
+        for i in (1..40_000).step_by(2) {
+            assert!(f.find(hash(i), 0, T0 + 6).is_some(), "{i}");
+        }
+        assert_eq!(f.live(T0 + 6), 30_000);
+    }
+
+    #[test]
+    fn a_full_table_hands_the_soonest_trace_to_the_sketch() {
+        let mut f = Fingerprints::new(64);
+        let mut out = Vec::new();
+        for i in 0..200u64 {
+            if let Some(o) = f.record(hash(i), 0, trace(1, T0 + 1000 + i), T0) {
+                out.push(o);
+            }
+        }
+        assert_eq!(f.slots(), 64);
+        // Every trace is either held or handed out, none lost.
+        for i in 0..200u64 {
+            let held = f.find(hash(i), 0, T0).is_some();
+            let handed = out.iter().any(|o| o.hash == hash(i));
+            assert!(held ^ handed, "{i}: held {held}, handed {handed}");
+        }
+        // Most of the table is used before anything is handed out.
+        assert!(out.len() <= 200 - 56, "{}", out.len());
+    }
+}
