@@ -17,13 +17,16 @@
 //! - `eviction`, `memory` ([`flooding`]): what a flood of identities does to the embedded store;
 //! - `overload`, `leases`, `redis-memory` ([`store`]): a busy and a paused Redis, and what
 //!   long identities cost it;
-//! - `reload`, `credentials`, `exposure` ([`operator`]): operator mistakes and exposure.
+//! - `reload`, `credentials`, `exposure` ([`operator`]): operator mistakes and exposure;
+//! - `proxy-paths`, `count-outcome`, `client-identities` ([`proxy_edges`]): the reverse
+//!   proxy against real FastAPI and Express upstreams.
 #![forbid(unsafe_code)]
 
 mod connections;
 mod flooding;
 mod harness;
 mod operator;
+mod proxy_edges;
 mod store;
 
 use std::path::PathBuf;
@@ -41,7 +44,7 @@ pub(crate) struct Args {
 }
 
 /// The names `--only` accepts, in the order they run.
-const ATTACKS: [&str; 11] = [
+const ATTACKS: [&str; 14] = [
     "slowloris",
     "descriptors",
     "big-heads",
@@ -53,6 +56,9 @@ const ATTACKS: [&str; 11] = [
     "memory",
     "redis-memory",
     "exposure",
+    "proxy-paths",
+    "count-outcome",
+    "client-identities",
 ];
 
 fn args() -> Args {
@@ -166,6 +172,9 @@ async fn run_one(name: &str, a: &Args) -> Outcome {
         "reload" => operator::reload(a).await,
         "credentials" => operator::credentials(a).await,
         "exposure" => operator::exposure(a).await,
+        "proxy-paths" => proxy_edges::paths(a).await,
+        "count-outcome" => proxy_edges::count_outcome(a).await,
+        "client-identities" => proxy_edges::client_identities(a).await,
         _ => unreachable!("names are checked in args()"),
     }
 }
