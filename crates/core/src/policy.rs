@@ -108,8 +108,26 @@ impl FromStr for Rate {
     }
 }
 
+/// The longest duration sluice accepts anywhere (configuration, API, command line): 36,500
+/// days, about a century. Anything longer is a typo or an attempt to overflow an expiry
+/// (`now + duration`), and one ceiling means one answer wherever a duration is read.
+pub const MAX_DURATION_MS: u64 = 36_500 * 86_400_000;
+
+/// [`MAX_DURATION_MS`] as a [`std::time::Duration`].
+pub const MAX_DURATION: std::time::Duration = std::time::Duration::from_millis(MAX_DURATION_MS);
+
+/// `ms` when it is at most [`MAX_DURATION_MS`], else the error every duration reader gives.
+pub fn within_max_duration(ms: u64) -> Result<u64, PolicyError> {
+    if ms > MAX_DURATION_MS {
+        return Err(PolicyError::Invalid(format!(
+            "duration of {ms} ms is longer than the longest accepted, 36500d (100 years)"
+        )));
+    }
+    Ok(ms)
+}
+
 /// Parses a duration such as `500ms`, `10s`, `1m`, `2h`, `1d` (or a bare number of seconds)
-/// into milliseconds.
+/// into milliseconds; at most [`MAX_DURATION_MS`].
 pub fn parse_duration_ms(s: &str) -> Result<u64, PolicyError> {
     let s = s.trim();
     let bad = || {
@@ -128,7 +146,15 @@ pub fn parse_duration_ms(s: &str) -> Result<u64, PolicyError> {
         "d" => 86_400_000,
         _ => return Err(bad()),
     };
-    n.checked_mul(mult).ok_or_else(bad)
+    let too_long = || {
+        PolicyError::Invalid(format!(
+            "duration {s:?} is longer than the longest accepted, 36500d (100 years)"
+        ))
+    };
+    match n.checked_mul(mult) {
+        Some(ms) if ms <= MAX_DURATION_MS => Ok(ms),
+        _ => Err(too_long()),
+    }
 }
 
 /// Formats milliseconds the way [`parse_duration_ms`] reads them.
@@ -606,6 +632,20 @@ mod tests {
         assert_eq!(parse_duration_ms("1m").unwrap(), 60_000);
         assert_eq!(parse_duration_ms("500ms").unwrap(), 500);
         assert!(parse_duration_ms("ten").is_err());
+        // One ceiling, whatever the unit: an overflowing product and a huge count of
+        // milliseconds get the same answer.
+        assert_eq!(parse_duration_ms("36500d").unwrap(), MAX_DURATION_MS);
+        for long in [
+            "36501d",
+            "9223372036854775807ms",
+            "1000000000000d",
+            "18446744073709551615",
+        ] {
+            let e = parse_duration_ms(long).unwrap_err().to_string();
+            assert!(e.contains("longest accepted, 36500d"), "{long}: {e}");
+        }
+        assert!(within_max_duration(MAX_DURATION_MS).is_ok());
+        assert!(within_max_duration(MAX_DURATION_MS + 1).is_err());
     }
 
     #[test]

@@ -310,7 +310,7 @@ fn listener_limits(config: &Config) -> (limits::ConnectionLimits, limits::GrpcLi
 /// What an operator should hear about at start, though the configuration is valid: settings
 /// that work on one machine but weaken the protection of a shared deployment.
 pub fn startup_warnings(config: &Config) -> Vec<String> {
-    let mut out = Vec::new();
+    let mut out = config.exposure_warnings();
     let shared_store = config.store.url.trim() != "memory";
     if shared_store && config.identity_hash_key == sluice::core::key::default_hash_key() {
         out.push(

@@ -67,6 +67,15 @@ async fn reload_file(shared: &Shared, trigger: &str) -> Result<u64, Vec<String>>
         );
     }
     config.override_listeners(current.config.listener_overrides);
+    // The auth boundary holds for the listeners running now and for those the file names
+    // (used at the next restart): a reload cannot drop the token that guards a public one.
+    let running = &current.config.server;
+    if let Err(e) = config
+        .check_exposure_at(running.http, running.admin)
+        .and_then(|()| config.check_exposure())
+    {
+        return fail("refused", e.0.iter().map(ToString::to_string).collect());
+    }
     let limiter = if config.store_identity() == current.config.store_identity() {
         current.limiter.clone()
     } else {

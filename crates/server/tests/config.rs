@@ -56,6 +56,10 @@ max_header_bytes = "32KiB"
 max_connections = 900
 max_connections_per_ip = 20
 connection_reserve = 10
+min_body_rate = "2KiB"
+body_rate_grace = "3s"
+max_bodies_per_ip = 8
+write_stall_timeout = "7s"
 grpc_keepalive_interval = "15s"
 grpc_keepalive_timeout = "5s"
 grpc_max_concurrent_streams = 64
@@ -85,6 +89,10 @@ upstream_timeout = "0s"
             max_connections: 900,
             max_connections_per_ip: 20,
             reserve: 10,
+            min_body_rate: 2048,
+            body_rate_grace: Duration::from_secs(3),
+            max_bodies_per_ip: 8,
+            write_stall_timeout: Duration::from_secs(7),
         }
     );
     assert_eq!(
@@ -347,7 +355,8 @@ fn admin_endpoints_on_a_public_address_need_a_token_or_an_override() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("server.http: /metrics and /admin/* would be served on 0.0.0.0:8080"),
+        e.contains("server.http: the endpoints that change limits")
+            && e.contains("would be served on 0.0.0.0:8080"),
         "{e}"
     );
     assert!(e.contains("public_admin_without_token"), "{e}");
@@ -361,7 +370,8 @@ fn admin_endpoints_on_a_public_address_need_a_token_or_an_override() {
     let public_admin = write("public.toml", "[server]\nadmin = \"0.0.0.0:9090\"\n");
     let e = load(&args(public_admin, None)).unwrap_err().to_string();
     assert!(
-        e.contains("server.admin: /metrics and /admin/* would be served on 0.0.0.0:9090"),
+        e.contains("server.admin: the endpoints that change limits")
+            && e.contains("would be served on 0.0.0.0:9090"),
         "{e}"
     );
     let overridden = write(

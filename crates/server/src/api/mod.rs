@@ -15,16 +15,20 @@
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics` and `/admin/reload`;
 //! - [`control`]: `/v1/overrides`, `/v1/bans`, `/v1/lists/*`, runtime exceptions to the
 //!   policies (admin token);
-//! - [`auth`]: the optional bearer tokens (`admin_token`, `server.api_token` for `/v1/*`);
+//! - [`auth`]: the auth boundary: every endpoint's class (open, decision, control, metrics)
+//!   and the bearer token each class takes, enforced by one route layer on every listener;
+//! - `site`: no cross-site writes (JSON bodies only, no foreign `Origin`, and a `Host` that
+//!   cannot be a rebound name where no token guards an endpoint);
 //! - [`stats`]: `/v1/stats`, the live statistics of the console and `sluice top` (admin
 //!   token);
 //! - [`openapi`]: the request and response shapes, served at `/openapi.json`.
 
 mod admin;
-mod auth;
+pub mod auth;
 mod check;
 mod control;
 mod openapi;
+mod site;
 mod state;
 mod stats;
 
@@ -43,45 +47,70 @@ pub use sluice_http::headers::display_header_name;
 
 use crate::state::Shared;
 
-/// The router of the HTTP listener: the decision API and the operator endpoints together.
+/// The router of the HTTP listener when it is the only one: every endpoint.
 pub fn router(shared: Shared) -> Router {
-    decision_routes(shared.clone())
-        .merge(health_routes())
-        .merge(operator_routes())
-        .fallback(not_found)
-        .layer(axum::middleware::from_fn(problem_for_bare_errors))
-        .with_state(shared)
+    finish(
+        decision_routes(true)
+            .merge(control_routes())
+            .merge(operator_routes()),
+        shared,
+    )
 }
 
-/// The decision API and health alone, for the HTTP listener when `server.admin` moves
-/// `/metrics` and `/admin/*` to their own listener.
+/// The HTTP listener's router when `server.admin` is set: the decision API (`/v1/check`,
+/// `/v1/release`, reading `/v1/state`), health and the OpenAPI document; every control
+/// endpoint is on the admin listener only.
 pub fn decision_router(shared: Shared) -> Router {
-    decision_routes(shared.clone())
-        .merge(health_routes())
-        .fallback(not_found)
-        .layer(axum::middleware::from_fn(problem_for_bare_errors))
-        .with_state(shared)
+    finish(decision_routes(false), shared)
 }
 
-/// The operator endpoints (`/metrics`, `/admin/*`, health) for the separate admin listener.
+/// The admin listener's router: the control endpoints, `/v1/stats`, the console,
+/// `/metrics`, `/admin/*`, health and state (read and reset), but not the decision API.
 pub fn admin_router(shared: Shared) -> Router {
-    health_routes()
-        .merge(operator_routes())
+    finish(
+        Router::new()
+            .merge(control_routes())
+            .merge(state::routes(true))
+            .merge(operator_routes())
+            .merge(open_routes()),
+        shared,
+    )
+}
+
+/// The auth boundary in front of every route of `routes` ([`auth::guard`]), then the
+/// answers shared by every listener.
+fn finish(routes: Router<Shared>, shared: Shared) -> Router {
+    routes
+        .route_layer(axum::middleware::from_fn_with_state(
+            shared.clone(),
+            auth::guard,
+        ))
         .fallback(not_found)
         .layer(axum::middleware::from_fn(problem_for_bare_errors))
         .with_state(shared)
 }
 
-fn decision_routes(shared: Shared) -> Router<Shared> {
-    let decisions = Router::new()
+/// The decision API, with `/v1/state`'s reset, `/v1/charge` and `/v1/refund` when
+/// `with_changes`.
+fn decision_routes(with_changes: bool) -> Router<Shared> {
+    Router::new()
         .route("/v1/check", post(check::check))
         .route("/v1/release", post(check::release))
-        .route_layer(axum::middleware::from_fn_with_state(
-            shared,
-            auth::require_api_token,
-        ));
-    // Changes to the control plane take the admin token (checked in each handler).
-    let control = Router::new()
+        .merge(state::routes(with_changes))
+        .merge(open_routes())
+}
+
+/// Health and the OpenAPI document: served on every listener, to anyone.
+fn open_routes() -> Router<Shared> {
+    Router::new()
+        .route("/healthz", get(admin::healthz))
+        .route("/readyz", get(admin::readyz))
+        .route("/openapi.json", get(openapi::openapi_json))
+}
+
+/// The control plane's endpoints, the report that names identities and the console.
+fn control_routes() -> Router<Shared> {
+    Router::new()
         .route(
             "/v1/overrides",
             post(control::set_override)
@@ -96,20 +125,9 @@ fn decision_routes(shared: Shared) -> Router<Shared> {
         .route(
             "/v1/lists/deny",
             post(control::deny_add).delete(control::deny_remove),
-        );
-    Router::new()
-        .merge(decisions)
-        .merge(control)
-        .merge(state::routes())
+        )
         .route("/v1/stats", get(stats::stats))
         .merge(crate::ui::routes())
-        .route("/openapi.json", get(openapi::openapi_json))
-}
-
-fn health_routes() -> Router<Shared> {
-    Router::new()
-        .route("/healthz", get(admin::healthz))
-        .route("/readyz", get(admin::readyz))
 }
 
 fn operator_routes() -> Router<Shared> {

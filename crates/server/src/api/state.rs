@@ -2,10 +2,11 @@
 //! without consuming (`POST /v1/state`), reset (`DELETE /v1/state`), charged without a check
 //! or refunded (`docs/admin.md`, "State, charge and refund").
 //!
-//! Reading is a decision-API call: `server.api_token` suffices. Reset, charge and refund change
-//! limits outside of a check, so they are operator calls: they need `admin_token` when one is
-//! set (else `server.api_token` when that is set), and each is logged with the peer address
-//! that made it. Bodies name `policy` and `identity`, or `credential` instead of `identity`,
+//! Reading is a decision-API call: `server.api_token` or `admin_token` (the console's) is
+//! accepted. Reset, charge and refund change limits outside of a check, so they are control
+//! calls ([`super::auth`]): they need `admin_token` when one is set (else `server.api_token`
+//! when that is set), are served on the admin listener when `server.admin` is set, and each
+//! is logged with the peer address that made it. Bodies name `policy` and `identity`, or `credential` instead of `identity`,
 //! hashed exactly as `/v1/check` hashes it, so the same caller's bucket is the one changed.
 
 use std::net::SocketAddr;
@@ -20,13 +21,16 @@ use serde_json::{Map, Value, json};
 use sluice::core::policy::MAX_EXACT;
 use sluice::{Decision, Identity, Policy, StoreError};
 
-use super::auth::{bearer_allows, unauthorized};
 use super::check::parse_identity;
 use super::{count, json_response, kind, problem, read_json};
 use crate::state::{Runtime, Shared};
 
-/// The routes of this module, for the decision listener.
-pub(super) fn routes() -> Router<Shared> {
+/// The routes of this module: reading state alone (the decision listener when `server.admin`
+/// is set), or with reset, charge and refund (`with_changes`).
+pub(super) fn routes(with_changes: bool) -> Router<Shared> {
+    if !with_changes {
+        return Router::new().route("/v1/state", post(read_state));
+    }
     Router::new()
         .route("/v1/state", post(read_state).delete(reset_state))
         .route("/v1/charge", post(charge))
@@ -113,22 +117,6 @@ fn parse_target(rt: &Runtime, op: Op, mut m: Map<String, Value>) -> Result<Targe
     })
 }
 
-/// The refusal of a request without the token `op` needs; `None` when it may proceed.
-fn refusal(rt: &Runtime, op: Op, req: &Request) -> Option<Response> {
-    let api = rt.config.server.api_token.as_deref();
-    let (token, name) = match (op, rt.config.admin_token.as_deref()) {
-        (Op::Read, _) => (api, "api_token"),
-        (_, Some(admin)) => (Some(admin), "admin_token"),
-        (_, None) => (api, "api_token"),
-    };
-    if bearer_allows(req.headers(), token) {
-        None
-    } else {
-        count(op.name(), StatusCode::UNAUTHORIZED);
-        Some(unauthorized(name))
-    }
-}
-
 /// The JSON answer: the state of the policy for the identity after the call.
 fn state_answer(target: &Target, d: &Decision) -> Value {
     json!({
@@ -156,10 +144,9 @@ fn store_failure(op: Op, e: &StoreError) -> Response {
 }
 
 async fn handle(shared: Shared, op: Op, req: Request) -> Response {
+    // Who may call (reading: the API or the admin token; the rest: the admin token) is
+    // decided in front of every route, by `super::auth::guard`.
     let rt = shared.runtime();
-    if let Some(refused) = refusal(&rt, op, &req) {
-        return refused;
-    }
     let peer = req
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
@@ -251,7 +238,7 @@ pub(super) fn add_openapi(doc: &mut Value) {
                 "summary": "Read an identity's state for a policy without consuming",
                 "requestBody": body("StateRequest"),
                 "responses": { "200": state.clone(), "400": problem("Malformed request or unknown policy"),
-                    "401": problem("server.api_token is set and the request does not carry it"),
+                    "401": problem("server.api_token is set and the request carries neither it nor admin_token"),
                     "503": problem("The store did not answer") }
             },
             "delete": {

@@ -109,7 +109,12 @@ pub(super) async fn stats(State(shared): State<Shared>, req: Request) -> Respons
 /// report is served on a loopback listener only (or when explicitly allowed).
 fn served_without_token(config: &crate::Config, token: Option<&str>) -> bool {
     token.is_some()
-        || config.server.http.ip().is_loopback()
+        || config
+            .server
+            .admin
+            .unwrap_or(config.server.http)
+            .ip()
+            .is_loopback()
         || config.server.public_admin_without_token
 }
 
@@ -136,7 +141,7 @@ mod tests {
     fn without_a_token_only_a_loopback_listener_serves_the_report() {
         let config = |extra: &str| {
             crate::Config::parse(
-                &format!("[server]\nhttp = \"0.0.0.0:8080\"\nadmin = \"127.0.0.1:9090\"\n{extra}"),
+                &format!("[server]\nhttp = \"127.0.0.1:8080\"\nadmin = \"0.0.0.0:9090\"\n{extra}"),
                 "sluice.toml",
                 None,
             )
@@ -150,5 +155,14 @@ mod tests {
         ));
         let local = crate::Config::parse("", "sluice.toml", None).unwrap();
         assert!(served_without_token(&local, None));
+        // A public decision listener with a loopback admin listener: the report is served
+        // on the admin listener only, so without a token.
+        let split = crate::Config::parse(
+            "[server]\nhttp = \"0.0.0.0:8080\"\nadmin = \"127.0.0.1:9090\"\n",
+            "sluice.toml",
+            None,
+        )
+        .unwrap();
+        assert!(served_without_token(&split, None));
     }
 }

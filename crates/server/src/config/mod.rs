@@ -114,6 +114,9 @@ pub struct ServerConfig {
     /// Serve `/metrics` and `/admin/*` on a non-loopback address without `admin_token`
     /// (refused unless this explicit override is set).
     pub public_admin_without_token: bool,
+    /// Names (lowercase, `name` or `name:port`) accepted in `Host` and `Origin` besides
+    /// loopback and the listeners' addresses (`api::site`).
+    pub allowed_hosts: Vec<String>,
 }
 
 /// The store.
@@ -267,14 +270,32 @@ impl Config {
         parse(src, file, dir, options)
     }
 
-    /// Refuses to serve `/metrics` and `/admin/*` on a non-loopback address without
-    /// `admin_token`, unless `server.public_admin_without_token` says so. Checked once the
-    /// command line's addresses are applied.
+    /// Refuses to serve the endpoints that change limits, `/v1/stats` and `/metrics` on a
+    /// non-loopback address without `admin_token`, unless `server.public_admin_without_token`
+    /// says so. Checked once the command line's addresses are applied.
     pub fn check_exposure(&self) -> Result<(), ConfigErrors> {
         match server::admin_exposure(self) {
             None => Ok(()),
             Some(e) => Err(ConfigErrors(vec![e])),
         }
+    }
+
+    /// [`Config::check_exposure`] with the tokens of this configuration and the listeners
+    /// at `http` and `admin` (a reload keeps the running listeners).
+    pub fn check_exposure_at(
+        &self,
+        http: std::net::SocketAddr,
+        admin: Option<std::net::SocketAddr>,
+    ) -> Result<(), ConfigErrors> {
+        match server::admin_exposure_at(self, http, admin) {
+            None => Ok(()),
+            Some(e) => Err(ConfigErrors(vec![e])),
+        }
+    }
+
+    /// Warnings about how the control endpoints are exposed (logged at start).
+    pub fn exposure_warnings(&self) -> Vec<String> {
+        server::exposure_warnings(self)
     }
 
     /// The settings that need a new store connection when they change.

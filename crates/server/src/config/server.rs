@@ -1,6 +1,7 @@
 //! `[server]` (listeners, the service's own limits, connection discipline, access tokens)
 //! and the top-level secrets (`admin_token`, `identity_hash_key`).
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use super::check::hex32;
@@ -15,6 +16,8 @@ const MAX_HEADER_BYTES_LIMIT: u64 = 1 << 20;
 const MIN_HEADER_BYTES: u64 = 8 * 1024;
 /// Largest connection count accepted by any of the connection caps.
 const MAX_CONNECTIONS_LIMIT: u64 = 10_000_000;
+/// Largest `min_body_rate` (bytes per second): above 1 GiB/s no client could keep up.
+const MAX_BODY_RATE: u64 = 1 << 30;
 
 /// Checks `[server]`.
 pub(super) fn check_server(ck: &mut Checker<'_>, raw: &RawConfig) -> ServerConfig {
@@ -52,9 +55,38 @@ pub(super) fn check_server(ck: &mut Checker<'_>, raw: &RawConfig) -> ServerConfi
         public_admin_without_token: s.public_admin_without_token,
     }
 }
+        allowed_hosts: check_allowed_hosts(ck, s),
 
 /// The connection discipline of the HTTP listeners.
 fn check_connections(ck: &mut Checker<'_>, s: &RawServer) -> ConnectionLimits {
+/// Checks `server.allowed_hosts`: host names (or `name:port`), lowercased.
+fn check_allowed_hosts(ck: &mut Checker<'_>, s: &RawServer) -> Vec<String> {
+    let Some(hosts) = &s.allowed_hosts else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for h in hosts.get_ref() {
+        let name = h.trim().trim_end_matches('.').to_ascii_lowercase();
+        let valid = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-.:[]_".contains(&b));
+        if valid {
+            out.push(name);
+        } else {
+            ck.at(
+                hosts.span(),
+                "server.allowed_hosts",
+                format!(
+                    "{h:?} is not a host name: expected names such as \"sluice.internal\" or \
+                     \"sluice.internal:8080\" (no scheme, no path)"
+                ),
+            );
+        }
+    }
+    out
+}
+
     let d = ConnectionLimits::default();
     let limits = ConnectionLimits {
         header_read_timeout: ck.positive_duration(
@@ -88,6 +120,28 @@ fn check_connections(ck: &mut Checker<'_>, s: &RawServer) -> ConnectionLimits {
             d.reserve as u64,
             MAX_CONNECTIONS_LIMIT,
         ) as usize,
+        min_body_rate: ck.bytes(
+            &s.min_body_rate,
+            "server.min_body_rate",
+            d.min_body_rate,
+            (0, MAX_BODY_RATE),
+        ),
+        body_rate_grace: ck.positive_duration(
+            &s.body_rate_grace,
+            "server.body_rate_grace",
+            d.body_rate_grace,
+        ),
+        max_bodies_per_ip: ck.count(
+            &s.max_bodies_per_ip,
+            "server.max_bodies_per_ip",
+            d.max_bodies_per_ip as u64,
+            MAX_CONNECTIONS_LIMIT,
+        ) as usize,
+        write_stall_timeout: ck.positive_duration(
+            &s.write_stall_timeout,
+            "server.write_stall_timeout",
+            d.write_stall_timeout,
+        ),
     };
     if limits.max_connections > 0
         && limits.reserve >= limits.max_connections
@@ -163,12 +217,25 @@ pub(super) fn check_identity_hash_key(ck: &mut Checker<'_>, raw: &RawConfig) -> 
     }
 }
 
-/// The problem with serving the admin endpoints where `c` says, if there is one.
-pub(super) fn admin_exposure(c: &super::Config) -> Option<ConfigError> {
-    let (addr, field) = match c.server.admin {
+/// The listener that serves the control endpoints (`server.admin` when set, else `server.http`)
+/// and the setting that names it.
+fn control_listener(http: SocketAddr, admin: Option<SocketAddr>) -> (SocketAddr, &'static str) {
+    match admin {
         Some(a) => (a, "server.admin"),
-        None => (c.server.http, "server.http"),
-    };
+        None => (http, "server.http"),
+    }
+}
+
+/// The auth boundary's one rule, checked at start and on every reload: the listener that
+/// serves the endpoints that change state (and `/metrics`) binds beyond loopback only when
+/// `admin_token` guards them, or when `server.public_admin_without_token` says so.
+/// `http`/`admin` are the addresses listened on (a reload keeps the running ones).
+pub(super) fn admin_exposure_at(
+    c: &super::Config,
+    http: SocketAddr,
+    admin: Option<SocketAddr>,
+) -> Option<ConfigError> {
+    let (addr, field) = control_listener(http, admin);
     if c.admin_token.is_some() || c.server.public_admin_without_token || addr.ip().is_loopback() {
         return None;
     }
@@ -180,9 +247,36 @@ pub(super) fn admin_exposure(c: &super::Config) -> Option<ConfigError> {
         line: None,
         field: field.into(),
         message: format!(
-            "/metrics and /admin/* would be served on {addr}, which is not a loopback address, \
-             without admin_token: set admin_token (such as \"env:SLUICE_ADMIN_TOKEN\"), move them \
-             to a loopback server.admin, or set server.public_admin_without_token = true"
+            "the endpoints that change limits (/v1/overrides, /v1/bans, /v1/lists/*, DELETE \
+             /v1/state, /v1/charge, /v1/refund, /admin/*), /v1/stats and /metrics would be \
+             served on {addr}, which is not a loopback address, without admin_token: set \
+             admin_token (such as \"env:SLUICE_ADMIN_TOKEN\"), move them to a loopback \
+             server.admin, or set server.public_admin_without_token = true"
         ),
     })
+}
+
+/// [`admin_exposure_at`] at the addresses `c` names.
+pub(super) fn admin_exposure(c: &super::Config) -> Option<ConfigError> {
+    admin_exposure_at(c, c.server.http, c.server.admin)
+}
+
+/// What `sluice serve` warns about at start (and on a reload that brings it in): control
+/// endpoints served beyond loopback without a token, by `server.public_admin_without_token`.
+pub(super) fn exposure_warnings(c: &super::Config) -> Vec<String> {
+    let (addr, field) = control_listener(c.server.http, c.server.admin);
+    if !c.server.public_admin_without_token || addr.ip().is_loopback() {
+        return Vec::new();
+    }
+    let guard = match (&c.admin_token, &c.server.api_token) {
+        (Some(_), _) => return Vec::new(),
+        (None, Some(_)) => "only server.api_token (which every application holds) guards them",
+        (None, None) => "no token guards them: anyone who can reach it can change every limit",
+    };
+    vec![format!(
+        "server.public_admin_without_token = true: the endpoints that change limits \
+         (/v1/overrides, /v1/bans, /v1/lists/*, DELETE /v1/state, /v1/charge, /v1/refund, \
+         /admin/*), /v1/stats and /metrics are served on {addr} ({field}), beyond loopback, and \
+         {guard}; set admin_token, or serve them on a loopback server.admin"
+    )]
 }
