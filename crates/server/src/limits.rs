@@ -22,10 +22,23 @@ pub struct ConnectionLimits {
     /// Most connections open at once over all listeners; `0` means derived from the process's
     /// descriptor limit minus [`reserve`](Self::reserve).
     pub max_connections: usize,
-    /// Most connections open at once from one client IP address (`0`: no per-client cap).
+    /// Most connections open at once from one client address (IPv4 address or IPv6 /64) while
+    /// the listeners are under pressure, at 3/4 of `max_connections` or more (`0`: no cap).
     pub max_connections_per_ip: usize,
     /// Connections kept back from the global cap for `/healthz`, `/readyz` and `/admin/*`.
     pub reserve: usize,
+    /// Slowest a request body may arrive, in bytes per second, once
+    /// [`body_rate_grace`](Self::body_rate_grace) has passed (`0`: no minimum rate).
+    pub min_body_rate: u64,
+    /// How long a body may arrive at any pace before [`min_body_rate`](Self::min_body_rate)
+    /// applies.
+    pub body_rate_grace: Duration,
+    /// Most request bodies in progress from one client address (IPv4 address or IPv6 /64)
+    /// while the listeners are under pressure (`0`: no cap).
+    pub max_bodies_per_ip: usize,
+    /// Longest a response may wait for the client to read it (a write that makes no progress)
+    /// before the connection is closed.
+    pub write_stall_timeout: Duration,
 }
 
 impl Default for ConnectionLimits {
@@ -38,6 +51,10 @@ impl Default for ConnectionLimits {
             max_connections: 0,
             max_connections_per_ip: 256,
             reserve: 64,
+            min_body_rate: 1024,
+            body_rate_grace: Duration::from_secs(5),
+            max_bodies_per_ip: 32,
+            write_stall_timeout: Duration::from_secs(5),
         }
     }
 }

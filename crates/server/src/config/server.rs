@@ -53,12 +53,10 @@ pub(super) fn check_server(ck: &mut Checker<'_>, raw: &RawConfig) -> ServerConfi
         grpc_limits: check_grpc_limits(ck, s),
         api_token: ck.secret(&s.api_token, "server.api_token", "leave /v1/* open"),
         public_admin_without_token: s.public_admin_without_token,
+        allowed_hosts: check_allowed_hosts(ck, s),
     }
 }
-        allowed_hosts: check_allowed_hosts(ck, s),
 
-/// The connection discipline of the HTTP listeners.
-fn check_connections(ck: &mut Checker<'_>, s: &RawServer) -> ConnectionLimits {
 /// Checks `server.allowed_hosts`: host names (or `name:port`), lowercased.
 fn check_allowed_hosts(ck: &mut Checker<'_>, s: &RawServer) -> Vec<String> {
     let Some(hosts) = &s.allowed_hosts else {
@@ -87,6 +85,8 @@ fn check_allowed_hosts(ck: &mut Checker<'_>, s: &RawServer) -> Vec<String> {
     out
 }
 
+/// The connection discipline of the HTTP listeners.
+fn check_connections(ck: &mut Checker<'_>, s: &RawServer) -> ConnectionLimits {
     let d = ConnectionLimits::default();
     let limits = ConnectionLimits {
         header_read_timeout: ck.positive_duration(

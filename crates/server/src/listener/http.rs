@@ -6,8 +6,14 @@
 //!   runs from the moment the connection opens and while a keep-alive connection waits for its
 //!   next request) and fit in `max_header_bytes` (larger heads get hyper's own 431, with no
 //!   body since no request exists yet; the buffer goes with the connection);
-//! - a request body must arrive within `body_timeout` of its head, or the request ends with 408
-//!   (problem+json, like every answer written here) and the connection closes;
+//! - a request body must arrive within `body_timeout` of its head and, after
+//!   `body_rate_grace`, at `min_body_rate` on average, or the request ends with 408
+//!   (problem+json, like every answer written here) and the connection closes; under pressure
+//!   one address has at most `max_bodies_per_ip` bodies in progress (see [`super::body`]);
+//! - a response the client does not read for `write_stall_timeout` ends the connection;
+//! - a connection the budget refuses is answered with 503 problem+json, `Retry-After` and
+//!   `Connection: close` after its request head is read (at most [`REFUSAL_ANSWERS`] at
+//!   once, each within [`REFUSAL_TIME`]); beyond that it is closed;
 //! - a connection with no request in flight for `idle_timeout` is closed (HTTP/2 included);
 //! - a connection admitted into the reserve answers only the listener's reserved paths, one
 //!   request, then closes; other paths get 503;
@@ -22,7 +28,6 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -31,18 +36,23 @@ use axum::body::Body;
 use axum::extract::ConnectInfo;
 use bytes::Bytes;
 use futures::future::BoxFuture;
-use http::header::{CONNECTION, HeaderValue};
+use http::header::{CONNECTION, HeaderValue, RETRY_AFTER};
 use http::{Request, Response, StatusCode};
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
-use tokio::time::{Instant, Sleep};
+use tokio::sync::{Semaphore, mpsc, watch};
+use tokio::time::Instant;
 use tower::ServiceExt;
 
-use super::{AcceptBackoff, Admission, ConnectionBudget, IdleHandle, RejectReason, count_rejected};
+use super::body::{BodyOutcome, BodyPace, PacedBody, StallGuard};
+use super::{
+    AcceptBackoff, AddressGroup, Admission, ConnectionBudget, IdleHandle, RejectReason,
+    count_rejected,
+};
 use crate::limits::ConnectionLimits;
 
 /// Which request paths a reserve connection may use on a listener.
@@ -89,6 +99,7 @@ pub async fn serve(
     // Each connection task holds a sender; when all are gone, every connection has finished.
     let (alive_tx, mut alive_rx) = mpsc::channel::<Infallible>(1);
     let mut backoff = AcceptBackoff::new();
+    let refusals = Arc::new(Semaphore::new(REFUSAL_ANSWERS));
     tokio::pin!(shutdown);
     loop {
         let (stream, peer) = tokio::select! {
@@ -113,16 +124,25 @@ pub async fn serve(
             Admission::ReserveOnly(p) => (p, true),
             Admission::Refused(reason) => {
                 count_rejected(name, reason);
-                drop(stream);
+                if let Ok(slot) = Arc::clone(&refusals).try_acquire_owned() {
+                    tokio::spawn(async move {
+                        let _ = tokio::time::timeout(REFUSAL_TIME, answer_refused(stream, reason))
+                            .await;
+                        drop(slot);
+                    });
+                }
                 continue;
             }
         };
+        let group = permit.group();
         let conn = Connection {
             name,
             peer,
             router: router.clone(),
             limits: Arc::clone(&limits),
             reserved: if reserve_only { reserved } else { None },
+            budget: Arc::clone(&budget),
+            group,
             idle: permit
                 .idle_handle()
                 .cloned()
@@ -143,6 +163,69 @@ pub async fn serve(
     Ok(())
 }
 
+/// Most refused connections being answered at once; further ones are closed unanswered, so
+/// answering refusals cannot itself use up the descriptors the cap protects.
+pub const REFUSAL_ANSWERS: usize = 64;
+
+/// Longest time spent answering one refused connection (reading its head, writing the 503).
+pub const REFUSAL_TIME: Duration = Duration::from_secs(2);
+
+/// Seconds a refused client is told to wait (`Retry-After`).
+const REFUSAL_RETRY_AFTER_S: u64 = 1;
+
+/// The whole answer to a connection the budget refused, as bytes on the wire.
+fn refusal_answer(reason: RejectReason) -> Vec<u8> {
+    let detail = match reason {
+        RejectReason::PerIp => {
+            "the server is under connection pressure and this client address holds              server.max_connections_per_ip connections; retry after Retry-After"
+        }
+        _ => "the server is at its connection limit; retry after Retry-After",
+    };
+    let body = sluice_http::headers::problem_json(
+        StatusCode::SERVICE_UNAVAILABLE,
+        detail,
+        None,
+        Some(REFUSAL_RETRY_AFTER_S * 1000),
+    );
+    let mut out = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/problem+json\r\n\
+         retry-after: {REFUSAL_RETRY_AFTER_S}\r\ncache-control: no-store\r\n\
+         connection: close\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(&body);
+    out
+}
+
+/// Reads the refused connection's request head (so the client takes the answer as the
+/// answer to its request), writes the 503 and closes; the caller bounds the time.
+async fn answer_refused(mut stream: TcpStream, reason: RejectReason) {
+    let _ = stream.set_nodelay(true);
+    let mut head = Vec::with_capacity(1024);
+    let mut buf = [0u8; 2048];
+    // An HTTP/1 head ends with an empty line; give up on it after a bounded amount.
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => head.extend_from_slice(&buf[..n]),
+        }
+    }
+    if stream.write_all(&refusal_answer(reason)).await.is_err() {
+        return;
+    }
+    let _ = stream.shutdown().await;
+    // Drain what the client still sends (a body) until it closes, so the close does not turn
+    // into a reset that could discard the answer before the client reads it.
+    let mut drained = 0usize;
+    while drained < 64 * 1024 {
+        match stream.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => drained += n,
+        }
+    }
+}
+
 /// Requests in flight on one connection and when the last one ended.
 #[derive(Debug, Clone, Copy)]
 struct Activity {
@@ -157,6 +240,9 @@ struct Connection {
     limits: Arc<ConnectionLimits>,
     /// `Some`: a reserve connection, limited to these paths.
     reserved: Option<ReservedPaths>,
+    /// The budget (pressure, bodies in progress) and the client's place in it.
+    budget: Arc<ConnectionBudget>,
+    group: AddressGroup,
     /// Requests in flight, as the budget sees them; told when the connection is displaced.
     idle: Arc<IdleHandle>,
 }
@@ -176,7 +262,13 @@ impl Connection {
             peer: self.peer,
             router: self.router,
             reserved: self.reserved,
-            body_timeout: limits.body_timeout,
+            pace: BodyPace {
+                timeout: limits.body_timeout,
+                min_rate: limits.min_body_rate,
+                grace: limits.body_rate_grace,
+            },
+            budget: self.budget,
+            group: self.group,
             activity: Arc::new(Tracker {
                 activity: activity_tx,
                 idle: Arc::clone(&self.idle),
@@ -195,7 +287,8 @@ impl Connection {
             .timer(TokioTimer::new())
             .max_header_list_size(u32::try_from(limits.max_header_bytes).unwrap_or(u32::MAX))
             .enable_connect_protocol();
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), service);
+        let io = TokioIo::new(StallGuard::new(stream, limits.write_stall_timeout));
+        let conn = builder.serve_connection_with_upgrades(io, service);
         tokio::pin!(conn);
         let idle = idle_for(activity_rx, limits.idle_timeout);
         tokio::pin!(idle);
@@ -258,11 +351,15 @@ async fn idle_for(mut rx: watch::Receiver<Activity>, timeout: Duration) {
 fn rejection_of(e: &(dyn std::error::Error + 'static)) -> Option<RejectReason> {
     let mut cur = Some(e);
     while let Some(err) = cur {
-        if let Some(h) = err.downcast_ref::<hyper::Error>() {
-            if h.is_timeout() || h.is_parse_too_large() {
-                return Some(RejectReason::HeaderTimeout);
-            }
-            return None;
+        if let Some(h) = err.downcast_ref::<hyper::Error>()
+            && (h.is_timeout() || h.is_parse_too_large())
+        {
+            return Some(RejectReason::HeaderTimeout);
+        }
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::TimedOut
+        {
+            return Some(RejectReason::WriteStall);
         }
         cur = err.source();
     }
@@ -276,7 +373,9 @@ struct ConnService {
     peer: SocketAddr,
     router: Router,
     reserved: Option<ReservedPaths>,
-    body_timeout: Duration,
+    pace: BodyPace,
+    budget: Arc<ConnectionBudget>,
+    group: AddressGroup,
     activity: Arc<Tracker>,
 }
 
@@ -303,14 +402,33 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
             ));
             return Box::pin(std::future::ready(Ok(res)));
         }
-        let timed_out = Arc::new(AtomicBool::new(false));
-        let mut req = req.map(|b| {
-            Body::new(DeadlineBody {
-                inner: b,
-                deadline: Box::pin(tokio::time::sleep(self.body_timeout)),
-                timed_out: Arc::clone(&timed_out),
-            })
-        });
+        // A body still to come holds one of its address's slots until it ends.
+        let slot = if req.body().is_end_stream() {
+            None
+        } else {
+            match self
+                .budget
+                .bodies()
+                .start(self.group, self.budget.under_pressure())
+            {
+                Some(slot) => Some(slot),
+                None => {
+                    count_rejected(self.name, RejectReason::BodiesPerIp);
+                    let mut res = closing(crate::api::problem(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the server is under connection pressure and this client address has \
+                         server.max_bodies_per_ip request bodies in progress; retry after \
+                         Retry-After",
+                    ));
+                    res.headers_mut()
+                        .insert(RETRY_AFTER, HeaderValue::from(REFUSAL_RETRY_AFTER_S));
+                    return Box::pin(std::future::ready(Ok(res)));
+                }
+            }
+        };
+        let outcome = BodyOutcome::default();
+        let pace = self.pace;
+        let mut req = req.map(|b| Body::new(PacedBody::new(b, pace, outcome.clone(), slot)));
         req.extensions_mut().insert(ConnectInfo(self.peer));
         let router = self.router.clone();
         let name = self.name;
@@ -319,11 +437,17 @@ impl hyper::service::Service<Request<Incoming>> for ConnService {
                 Ok(r) => r,
                 Err(never) => match never {},
             };
-            let res = if timed_out.load(Ordering::Relaxed) {
+            let res = if outcome.timed_out() {
                 count_rejected(name, RejectReason::BodyTimeout);
                 closing(crate::api::problem(
                     StatusCode::REQUEST_TIMEOUT,
                     "the request body did not arrive within server.body_timeout",
+                ))
+            } else if outcome.too_slow() {
+                count_rejected(name, RejectReason::BodyTooSlow);
+                closing(crate::api::problem(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "the request body arrived slower than server.min_body_rate",
                 ))
             } else {
                 res
@@ -363,46 +487,6 @@ impl Drop for InFlight {
             a.idle_since = Instant::now();
         });
         self.0.idle.request_ended();
-    }
-}
-
-/// A request body that fails once its deadline passes while it is still being read.
-struct DeadlineBody {
-    inner: Incoming,
-    deadline: Pin<Box<Sleep>>,
-    timed_out: Arc<AtomicBool>,
-}
-
-/// The error a request body ends with when `body_timeout` passes.
-#[derive(Debug, thiserror::Error)]
-#[error("request body timed out")]
-pub struct BodyTimedOut;
-
-impl HttpBody for DeadlineBody {
-    type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = self.get_mut();
-        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
-            return Poll::Ready(frame.map(|r| r.map_err(Into::into)));
-        }
-        if this.deadline.as_mut().poll(cx).is_ready() {
-            this.timed_out.store(true, Ordering::Relaxed);
-            return Poll::Ready(Some(Err(Box::new(BodyTimedOut))));
-        }
-        Poll::Pending
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
     }
 }
 
