@@ -59,8 +59,8 @@ impl Rule {
     }
 
     /// Which responses the cost is charged for (default [`Count::All`]: every request,
-    /// consumed before it is forwarded). Any other choice checks without consuming before
-    /// forwarding and charges once the response status is known; see [`crate::count`].
+    /// consumed at the check). Any other choice reserves the cost at the check too and refunds
+    /// it once the response status turns out not to be counted; see [`crate::count`].
     pub fn count(mut self, count: Count) -> Self {
         self.count = count;
         self

@@ -10,7 +10,8 @@
 //! adds its policies to the `RateLimit` and `RateLimit-Policy` lists, so the response
 //! describes every policy of the route. Routes are matched with the layer's own [`Rule`].
 //! A route's `count` becomes each of its layers' [`sluice_http::Count`]: with anything but
-//! `"all"` a layer checks without consuming and charges once the upstream's status is known.
+//! `"all"` a layer reserves the cost at the check and refunds it once the upstream's status
+//! turns out not to be counted.
 //!
 //! Paths are normalized before anything else ([`sluice_http::path`]): routes match the normal
 //! form (case-insensitively for a route with `case_insensitive = true`), a path with no safe
