@@ -257,6 +257,8 @@ pub(crate) struct Shared {
     strikes: Mutex<Strikes>,
     /// The policies overrides make, shared by the identities with the same parameters.
     made: tables::MadePolicies,
+    /// Automatic bans this instance set.
+    automatic_bans: std::sync::atomic::AtomicU64,
     /// Itself, for background tasks that must not keep it alive.
     me: std::sync::OnceLock<std::sync::Weak<Shared>>,
 }
@@ -301,6 +303,7 @@ impl ControlPlane {
             backend,
             strikes: Mutex::new(Strikes::default()),
             made: tables::MadePolicies::default(),
+            automatic_bans: std::sync::atomic::AtomicU64::new(0),
             me: std::sync::OnceLock::new(),
         });
         let _ = shared.me.set(Arc::downgrade(&shared));
@@ -392,6 +395,11 @@ impl ControlPlane {
     /// The escalation levels the embedded backend remembers (automatic bans).
     pub fn local_levels(&self) -> usize {
         self.shared.strikes.lock().levels.len()
+    }
+
+    /// How many automatic bans this instance set (a policy's `ban` rule).
+    pub fn automatic_bans(&self) -> u64 {
+        self.shared.automatic_bans.load(Ordering::Relaxed)
     }
 
     /// The table limits in force.
@@ -706,6 +714,7 @@ impl ControlPlane {
             Backend::Local => {
                 if let Some(ban) = self.local_strike(identity, policy, &rule, now) {
                     self.shared.tables.write().add_ban(identity, ban);
+                    self.shared.automatic_bans.fetch_add(1, Ordering::Relaxed);
                     self.shared.update_active();
                     metrics::counter!("sluice_bans_total", "policy" => policy.to_string(), "source" => "automatic")
                         .increment(1);

@@ -46,8 +46,9 @@ pub(crate) const READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// behind reads the tables in full.
 const LOG_LENGTH: &str = "100000";
 
-/// Log records read per call.
-const LOG_BATCH: usize = 1000;
+/// Log records read per call (a record holds up to 100 changes): replies stay small, so
+/// reading them never holds up the connection's other calls.
+const LOG_BATCH: usize = 20;
 
 /// Hash fields read per `HSCAN` call of a full read.
 const SCAN_BATCH: &str = "5000";
@@ -295,9 +296,10 @@ impl RedisControl {
                 max,
             });
         }
-        {
+        // In chunks, so checks never wait long for the tables.
+        for chunk in entries.chunks(1000) {
             let mut t = shared.tables.write();
-            for e in entries {
+            for e in chunk {
                 t.list_insert(kind, e, expires);
             }
         }
@@ -370,6 +372,9 @@ impl RedisControl {
                         },
                     );
                     shared.update_active();
+                    shared
+                        .automatic_bans
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     metrics::counter!("sluice_bans_total", "policy" => policy, "source" => "automatic")
                         .increment(1);
                 }
@@ -436,10 +441,13 @@ impl RedisControl {
             };
             for r in fresh {
                 let Some(table) = r.table else { continue };
-                let mut t = shared.tables.write();
-                for (field, value) in &r.changes {
-                    apply(&mut t, table, field, value.as_deref());
+                {
+                    let mut t = shared.tables.write();
+                    for (field, value) in &r.changes {
+                        apply(&mut t, table, field, value.as_deref());
+                    }
                 }
+                tokio::task::yield_now().await;
             }
             if !fresh.is_empty() {
                 shared.update_active();

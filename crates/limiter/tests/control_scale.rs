@@ -1,0 +1,442 @@
+//! The control plane at size, on a real Redis (and a Cluster where it matters), with two
+//! limiters on one store (two instances): a million deny entries leave every check decided
+//! and a change still reaches the other instance within a second; a write to a large table
+//! costs what a write to an empty one costs; two thousand automatic bans leave nothing
+//! behind once they end; a full table refuses the write; an instance the log left behind
+//! reads the tables again.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice::control::{ControlError, ControlLimits};
+use sluice::{
+    Algorithm, BanRule, ControlConfig, DenyReason, Identity, Limiter, ListEntry, ListKind, Policy,
+    StoreOptions, Verdict,
+};
+use sluice_testkit::servers::{RedisCluster, RedisServer};
+
+fn fixed(name: &str, limit: u64) -> Arc<Policy> {
+    Arc::new(
+        Policy::new(
+            name,
+            Algorithm::FixedWindow {
+                limit,
+                window_ms: 3_600_000,
+            },
+        )
+        .unwrap(),
+    )
+}
+
+async fn instance(url: &str, config: &ControlConfig) -> Limiter {
+    let l = Limiter::connect(url, StoreOptions::default())
+        .await
+        .unwrap();
+    l.control().configure(config.clone());
+    l
+}
+
+/// `n` distinct IPv4 addresses from 10.0.0.0 on, as deny entries.
+fn addresses(from: u32, n: u32) -> Vec<ListEntry> {
+    (from..from + n)
+        .map(|i| ListEntry::parse(&std::net::Ipv4Addr::from(0x0a00_0000 + i).to_string()).unwrap())
+        .collect()
+}
+
+async fn load_deny(l: &Limiter, from: u32, n: u32) {
+    let mut at = from;
+    while at < from + n {
+        let chunk = (from + n - at).min(10_000);
+        let added = l
+            .control()
+            .list_add_many(ListKind::Deny, &addresses(at, chunk), None)
+            .await
+            .unwrap();
+        assert_eq!(added, chunk as usize);
+        at += chunk;
+    }
+}
+
+/// Waits at most `limit` for `f`; the time it took.
+async fn within<F, Fut>(limit: Duration, what: &str, mut f: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f().await {
+            return start.elapsed();
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{what}: not within {limit:?}");
+}
+
+async fn reason(l: &Limiter, who: &str, p: &Arc<Policy>) -> (Verdict, Option<DenyReason>) {
+    let c = l.check(&Identity::new(who), p, 1).await;
+    (
+        c.verdict.clone(),
+        c.limits[0].decision.as_ref().and_then(|d| d.reason),
+    )
+}
+
+/// Checks on both instances, listed and unlisted identities: each one decided; the listed
+/// ones denied as listed.
+async fn every_check_decided(a: &Limiter, b: &Limiter, listed: u32, rounds: u32) {
+    let p = fixed("api", 1_000_000);
+    for i in 0..rounds {
+        for l in [a, b] {
+            let inside = std::net::Ipv4Addr::from(0x0a00_0000 + (i * 7919) % listed);
+            let (v, r) = reason(l, &format!("ip:{inside}"), &p).await;
+            assert!(matches!(v, Verdict::Decided), "{v:?}");
+            assert_eq!(r, Some(DenyReason::Denied), "{inside} is listed");
+            let outside = std::net::Ipv4Addr::from(0xc0a8_0000 + i);
+            let (v, r) = reason(l, &format!("ip:{outside}"), &p).await;
+            assert!(matches!(v, Verdict::Decided), "{v:?}");
+            assert_eq!(r, None, "{outside} is not listed");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_million_deny_entries_leave_every_check_decided_and_changes_still_reach_the_other_instance()
+ {
+    let server = RedisServer::redis();
+    let config = ControlConfig::default();
+    let a = instance(&server.url(), &config).await;
+    let started = Instant::now();
+    // Half before the second instance starts (it reads them in full), half after (it reads
+    // them from the log).
+    load_deny(&a, 0, 500_000).await;
+    let b = instance(&server.url(), &config).await;
+    assert_eq!(b.control().sizes().deny, 500_000, "read in full at start");
+    load_deny(&a, 500_000, 500_000).await;
+    println!("1,000,000 entries written in {:?}", started.elapsed());
+    within(Duration::from_secs(20), "the log read by b", || async {
+        b.control().sizes().deny == 1_000_000
+    })
+    .await;
+    assert_eq!(a.control().sizes().deny, 1_000_000);
+    assert_eq!(
+        b.control().full_reads(),
+        1,
+        "the second half came from the log"
+    );
+    let sizes = a.control().store_sizes().await.unwrap().unwrap();
+    assert!(sizes.contains(&("deny", 1_000_000)), "{sizes:?}");
+
+    every_check_decided(&a, &b, 1_000_000, 200).await;
+
+    // One more entry through a: in force on b within a second, the table's size
+    // notwithstanding.
+    let p = fixed("api", 1_000_000);
+    let extra = ListEntry::parse("203.0.113.0/24").unwrap();
+    let t = Instant::now();
+    a.control()
+        .list_add(ListKind::Deny, &extra, None)
+        .await
+        .unwrap();
+    let write = t.elapsed();
+    let took = within(Duration::from_secs(1), "the add on b", || async {
+        reason(&b, "ip:203.0.113.9", &p).await.1 == Some(DenyReason::Denied)
+    })
+    .await;
+    println!("one add at 1M entries: written in {write:?}, in force on b after {took:?}");
+    assert!(b.control().snapshot_age().unwrap() < Duration::from_secs(1));
+    // And its removal.
+    assert!(
+        a.control()
+            .list_remove(ListKind::Deny, &extra)
+            .await
+            .unwrap()
+    );
+    within(Duration::from_secs(1), "the removal on b", || async {
+        reason(&b, "ip:203.0.113.9", &p).await.1.is_none()
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_to_a_large_table_costs_what_a_write_to_an_empty_one_costs() {
+    let server = RedisServer::redis();
+    let a = instance(&server.url(), &ControlConfig::default()).await;
+    let b = instance(&server.url(), &ControlConfig::default()).await;
+    let time_adds = |base: u32| {
+        let a = a.clone();
+        async move {
+            let mut took = Vec::new();
+            for i in 0..20 {
+                let e = ListEntry::Identity(format!("user:{base}-{i}"));
+                let t = Instant::now();
+                a.control()
+                    .list_add(ListKind::Deny, &e, None)
+                    .await
+                    .unwrap();
+                took.push(t.elapsed());
+            }
+            took.sort();
+            took
+        }
+    };
+    let empty = time_adds(0).await;
+    load_deny(&a, 0, 100_000).await;
+    // The store's own time per write script, counted from here: what the old full-table
+    // scan made 50-70 ms at this size.
+    server.cli(&["CONFIG", "RESETSTAT"]);
+    let large = time_adds(1).await;
+    let stats = server.cli(&["INFO", "commandstats"]);
+    // Checks keep deciding while single writes go on (on the other instance too).
+    let p = fixed("api", 1_000_000);
+    for i in 0..50 {
+        let (v, _) = reason(&b, &format!("user:x{i}"), &p).await;
+        assert!(matches!(v, Verdict::Decided), "{v:?}");
+    }
+    println!(
+        "single add, median/max: empty table {:?}/{:?}, 100,000 entries {:?}/{:?}",
+        empty[10], empty[19], large[10], large[19]
+    );
+    let eval = stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_eval:"))
+        .expect("eval stats");
+    println!("{eval}");
+    let per_call: f64 = eval
+        .split(',')
+        .find_map(|kv| kv.strip_prefix("usec_per_call="))
+        .and_then(|v| v.trim().parse().ok())
+        .expect("usec_per_call");
+    assert!(
+        per_call < 1_000.0,
+        "a write script at 100,000 entries took {per_call} µs in the store"
+    );
+    assert!(
+        large[10] < Duration::from_millis(50),
+        "a write at 100,000 entries took {:?} (median)",
+        large[10]
+    );
+}
+
+fn ban_config() -> ControlConfig {
+    ControlConfig {
+        bans: [(
+            "api".to_string(),
+            BanRule {
+                after: 1,
+                within_ms: 60_000,
+                duration_ms: 1_000,
+                multiplier: 1.0,
+                max_ms: 1_000,
+            },
+        )]
+        .into(),
+        ..Default::default()
+    }
+}
+
+/// 2,000 identities banned automatically (one denial each, half through each instance);
+/// a few seconds after the bans end, nothing is left of them in the store or in memory.
+async fn automatic_bans_leave_nothing_behind(a: &Limiter, b: &Limiter) -> Duration {
+    let p = fixed("api", 1);
+    let mut tasks = Vec::new();
+    for part in 0..8 {
+        let l = if part % 2 == 0 { a.clone() } else { b.clone() };
+        let p = Arc::clone(&p);
+        tasks.push(tokio::spawn(async move {
+            for i in 0..250 {
+                let id = Identity::new(format!("rotating:{part}:{i}"));
+                assert!(l.check(&id, &p, 1).await.allowed);
+                let c = l.check(&id, &p, 1).await;
+                assert!(matches!(c.verdict, Verdict::Decided));
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let store_count = |name: &'static str| async move {
+        let sizes = a.control().store_sizes().await.unwrap();
+        sizes.map_or(0, |s| s.iter().find(|(n, _)| *n == name).unwrap().1)
+    };
+    // Every denial banned (the first bans may have ended already).
+    within(Duration::from_secs(5), "2,000 bans", || async {
+        a.control().automatic_bans() + b.control().automatic_bans() == 2_000
+    })
+    .await;
+    let banned = Instant::now();
+    assert!(store_count("levels").await > 0);
+    // Bans end after 1 s, their levels 1 s later (`max`); the sweep runs every second.
+    let took = within(Duration::from_secs(10), "nothing left", || async {
+        store_count("bans").await == 0
+            && store_count("levels").await == 0
+            && a.control().sizes().bans == 0
+            && b.control().sizes().bans == 0
+    })
+    .await;
+    println!(
+        "2,000 automatic bans of 1 s: gone from store and memory {:?} after the last was set",
+        banned.elapsed()
+    );
+    took
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_automatic_bans_leave_nothing_behind_on_redis() {
+    let server = RedisServer::redis();
+    let a = instance(&server.url(), &ban_config()).await;
+    let b = instance(&server.url(), &ban_config()).await;
+    automatic_bans_leave_nothing_behind(&a, &b).await;
+    // Nor any ban index or expiry queue: only the log is left.
+    let keys = server.cli(&["KEYS", "*control*"]);
+    let keys: Vec<&str> = keys.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(
+        keys.iter().all(|k| k.ends_with(":log")),
+        "keys left: {keys:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_thousand_automatic_bans_leave_nothing_behind_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    let a = instance(&cluster.url(), &ban_config()).await;
+    let b = instance(&cluster.url(), &ban_config()).await;
+    automatic_bans_leave_nothing_behind(&a, &b).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn automatic_bans_and_their_levels_leave_the_embedded_store() {
+    let a = Limiter::memory();
+    a.control().configure(ban_config());
+    let p = fixed("api", 1);
+    for i in 0..2_000 {
+        let id = Identity::new(format!("rotating:{i}"));
+        assert!(a.check(&id, &p, 1).await.allowed);
+        a.check(&id, &p, 1).await;
+    }
+    assert_eq!(a.control().sizes().bans, 2_000);
+    assert_eq!(a.control().local_levels(), 2_000);
+    within(Duration::from_secs(6), "nothing left", || async {
+        a.control().sizes().bans == 0 && a.control().local_levels() == 0
+    })
+    .await;
+}
+
+async fn full_table_refuses(a: &Limiter) {
+    load_deny(a, 0, 100).await;
+    let one_more = ListEntry::parse("user:101").unwrap();
+    match a.control().list_add(ListKind::Deny, &one_more, None).await {
+        Err(ControlError::Full { table, max }) => assert_eq!((table, max), ("deny", 100)),
+        other => panic!("{other:?}"),
+    }
+    // Writing an entry that is there already takes no room.
+    a.control()
+        .list_add(
+            ListKind::Deny,
+            &addresses(0, 1)[0],
+            Some(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    // A bulk import that would go beyond changes nothing.
+    let mut bulk = addresses(50, 10);
+    bulk.push(one_more.clone());
+    assert!(matches!(
+        a.control().list_add_many(ListKind::Deny, &bulk, None).await,
+        Err(ControlError::Full { table: "deny", .. })
+    ));
+    assert_eq!(a.control().sizes().deny, 100);
+    if let Some(sizes) = a.control().store_sizes().await.unwrap() {
+        assert!(sizes.contains(&("deny", 100)), "{sizes:?}");
+    }
+    // The other tables have their own room.
+    a.control()
+        .list_add(ListKind::Allow, &one_more, None)
+        .await
+        .unwrap();
+    // Room again after a removal.
+    assert!(
+        a.control()
+            .list_remove(ListKind::Deny, &addresses(0, 1)[0])
+            .await
+            .unwrap()
+    );
+    a.control()
+        .list_add(ListKind::Deny, &one_more, None)
+        .await
+        .unwrap();
+    // Bans too.
+    for i in 0..3 {
+        a.control()
+            .ban(&format!("b{i}"), Duration::from_secs(60), None)
+            .await
+            .unwrap();
+    }
+    assert!(matches!(
+        a.control().ban("b3", Duration::from_secs(60), None).await,
+        Err(ControlError::Full {
+            table: "bans",
+            max: 3
+        })
+    ));
+}
+
+fn small_limits() -> ControlConfig {
+    ControlConfig {
+        limits: ControlLimits {
+            max_deny: 100,
+            max_bans: 3,
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_table_refuses_the_write_on_redis() {
+    let server = RedisServer::redis();
+    let a = instance(&server.url(), &small_limits()).await;
+    full_table_refuses(&a).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_table_refuses_the_write_on_the_embedded_store() {
+    let a = Limiter::memory();
+    a.control().configure(small_limits());
+    full_table_refuses(&a).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_the_log_left_behind_reads_the_tables_again() {
+    let server = RedisServer::redis();
+    let a = instance(&server.url(), &ControlConfig::default()).await;
+    let b = instance(&server.url(), &ControlConfig::default()).await;
+    let p = fixed("api", 100);
+    let first = ListEntry::parse("user:first").unwrap();
+    a.control()
+        .list_add(ListKind::Deny, &first, None)
+        .await
+        .unwrap();
+    within(Duration::from_secs(1), "first", || async {
+        reason(&b, "user:first", &p).await.1 == Some(DenyReason::Denied)
+    })
+    .await;
+    assert_eq!(b.control().full_reads(), 1);
+    // The log loses what b read last (as `MAXLEN` would after 100,000 changes), then
+    // changes again.
+    let log = server.cli(&["KEYS", "*control*:log"]);
+    server.cli(&["XTRIM", log.trim(), "MAXLEN", "0"]);
+    let second = ListEntry::parse("user:second").unwrap();
+    a.control()
+        .list_add(ListKind::Deny, &second, None)
+        .await
+        .unwrap();
+    within(Duration::from_secs(1), "second", || async {
+        reason(&b, "user:second", &p).await.1 == Some(DenyReason::Denied)
+    })
+    .await;
+    assert_eq!(b.control().full_reads(), 2, "read in full again");
+    assert_eq!(
+        reason(&b, "user:first", &p).await.1,
+        Some(DenyReason::Denied)
+    );
+}
