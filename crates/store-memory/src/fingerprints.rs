@@ -5,9 +5,10 @@
 //! to it, so once a flood has evicted a few times as many keys as a row has cells, most of a
 //! fresh identity's cells hold some flooder's trace and the identity is denied from its first
 //! request (with `max_keys = 10000`, 50,000 fresh identities at cost = capacity denied about
-//! two thirds of new ones). Here a slot holds the evicted key's whole 64-bit keyed hash, its
-//! policy and its trace; another key matches it only if both hashes are equal, about 16 in
-//! 2^64 per check. The sketch stays as the fallback for the traces that find no slot.
+//! two thirds of new ones). Here a slot holds a tag (56 bits of the evicted key's 64-bit keyed
+//! hash and its 8-bit policy index) and its trace, 24 bytes; another key matches it only if
+//! those 56 bits are equal, about 16 in 2^56 per check. The sketch stays as the fallback for the
+//! traces that find no slot.
 //!
 //! # Layout
 //! Buckets of [`BUCKET`] slots; a key may sit in either of two buckets (the top bits of its hash
@@ -32,14 +33,20 @@ pub const INITIAL_SLOTS: usize = 64;
 /// Bytes of one slot.
 pub const SLOT_BYTES: usize = std::mem::size_of::<Slot>();
 
-/// One evicted key: its keyed hash, the policy it was written under and its trace. Free when
-/// `until` has passed (`until == 0` for a slot never used).
+/// One evicted key: its [`tag`] and its trace. Free when `until` has passed (`until == 0` for
+/// a slot never used).
 #[derive(Debug, Clone, Copy, Default)]
 struct Slot {
-    hash: u64,
+    tag: u64,
     until: Timestamp,
     amount: u64,
-    policy: u8,
+}
+
+/// The high 56 bits of a key's hash, which place it in the table, and the policy index in the
+/// low 8: what a slot matches on.
+#[inline]
+fn tag(hash: u64, policy: u8) -> u64 {
+    (hash & !0xFF) | u64::from(policy)
 }
 
 /// A trace that found no slot: it belongs in the sketch of `policy`.
@@ -99,8 +106,10 @@ impl Fingerprints {
         self.slots.iter().filter(|s| s.until > now).count()
     }
 
-    /// The first slot of each of the two buckets of `hash` in a table of `len` slots.
+    /// The first slot of each of the two buckets of `hash` (or of a tag: only its high 56
+    /// bits count) in a table of `len` slots.
     fn buckets(hash: u64, len: usize) -> [usize; 2] {
+        let hash = hash & !0xFF;
         let bits = (len / BUCKET).trailing_zeros();
         let pick = |c: u64| {
             if bits == 0 {
@@ -117,10 +126,11 @@ impl Fingerprints {
         if self.slots.is_empty() {
             return None;
         }
+        let tag = tag(hash, policy);
         Self::buckets(hash, self.slots.len())
             .into_iter()
             .flat_map(|b| &self.slots[b..b + BUCKET])
-            .find(|s| s.hash == hash && s.policy == policy && s.until > now)
+            .find(|s| s.tag == tag && s.until > now)
             .map(|s| Trace {
                 amount: s.amount,
                 until: s.until,
@@ -144,12 +154,13 @@ impl Fingerprints {
         if self.slots.is_empty() {
             self.slots = vec![Slot::default(); INITIAL_SLOTS.min(self.max_slots)];
         }
+        let tag = tag(hash, policy);
         loop {
             let buckets = Self::buckets(hash, self.slots.len());
             for b in buckets {
                 if let Some(s) = self.slots[b..b + BUCKET]
                     .iter_mut()
-                    .find(|s| s.hash == hash && s.policy == policy && s.until > now)
+                    .find(|s| s.tag == tag && s.until > now)
                 {
                     s.amount = s.amount.max(trace.amount);
                     s.until = s.until.max(trace.until);
@@ -172,10 +183,9 @@ impl Fingerprints {
                 .find(|s| s.until <= now)
             {
                 *s = Slot {
-                    hash,
+                    tag,
                     until: trace.until,
                     amount: trace.amount,
-                    policy,
                 };
                 return None;
             }
@@ -198,14 +208,14 @@ impl Fingerprints {
                 });
             }
             self.slots[soonest] = Slot {
-                hash,
+                tag,
                 until: trace.until,
                 amount: trace.amount,
-                policy,
             };
+            // The slot kept the hash's high 56 bits: all the sketch places a key by.
             return Some(Overflow {
-                hash: out.hash,
-                policy: out.policy,
+                hash: out.tag & !0xFF,
+                policy: out.tag as u8,
                 trace: Trace {
                     amount: out.amount,
                     until: out.until,
@@ -223,10 +233,10 @@ impl Fingerprints {
             if s.until <= now {
                 continue;
             }
-            let old = Self::buckets(s.hash, self.slots.len());
+            let old = Self::buckets(s.tag, self.slots.len());
             // The bucket it sat in (the first if both are the same one).
             let which = usize::from(old[0] != i / BUCKET * BUCKET);
-            let b = Self::buckets(s.hash, len)[which];
+            let b = Self::buckets(s.tag, len)[which];
             if let Some(free) = next[b..b + BUCKET].iter_mut().find(|n| n.until == 0) {
                 *free = *s;
             }
@@ -247,6 +257,11 @@ mod tests {
 
     fn hash(i: u64) -> u64 {
         i.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ (i << 7)
+    }
+
+    #[test]
+    fn a_slot_is_24_bytes() {
+        assert_eq!(SLOT_BYTES, 24);
     }
 
     #[test]
@@ -306,7 +321,7 @@ mod tests {
         // Every trace is either held or handed out, none lost.
         for i in 0..200u64 {
             let held = f.find(hash(i), 0, T0).is_some();
-            let handed = out.iter().any(|o| o.hash == hash(i));
+            let handed = out.iter().any(|o| o.hash == hash(i) & !0xFF);
             assert!(held ^ handed, "{i}: held {held}, handed {handed}");
         }
         // Most of the table is used before anything is handed out.

@@ -220,7 +220,7 @@ impl MemoryStoreBuilder {
         self
     }
     /// The most bytes of the table that remembers each evicted key's own trace, over all
-    /// shards (32 bytes a slot). Default: half of `max_memory`; with only `max_keys`,
+    /// shards (24 bytes a slot). Default: half of `max_memory`; with only `max_keys`,
     /// [`FINGERPRINTS_PER_KEY`] slots per key. Past it, traces of evicted keys go to the
     /// coarser summary, which may deny fresh identities (see `docs/embedded-store.md`).
     pub fn fingerprint_memory(mut self, bytes: usize) -> Self {
