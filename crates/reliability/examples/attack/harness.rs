@@ -252,7 +252,7 @@ pub(crate) fn request(
     body: Option<&str>,
     headers: &[(&str, &str)],
 ) -> Vec<u8> {
-    let mut r = format!("{method} {path} HTTP/1.1\r\nhost: sluice\r\n");
+    let mut r = format!("{method} {path} HTTP/1.1\r\nhost: 127.0.0.1\r\n");
     for (k, v) in headers {
         r.push_str(&format!("{k}: {v}\r\n"));
     }
