@@ -13,7 +13,8 @@
 //! bounded in count and in time. `--quick` runs CI-scale sizes.
 //!
 //! The attacks (and their modules):
-//! - `slowloris`, `descriptors`, `big-heads` ([`connections`]): connection discipline;
+//! - `slowloris`, `descriptors`, `big-heads`, `pooled-host`, `slow-bodies` ([`connections`]):
+//!   connection discipline;
 //! - `eviction`, `memory` ([`flooding`]): what a flood of identities does to the embedded store;
 //! - `overload`, `leases`, `redis-memory` ([`store`]): a busy and a paused Redis, and what
 //!   long identities cost it;
@@ -44,10 +45,12 @@ pub(crate) struct Args {
 }
 
 /// The names `--only` accepts, in the order they run.
-const ATTACKS: [&str; 14] = [
+const ATTACKS: [&str; 16] = [
     "slowloris",
     "descriptors",
     "big-heads",
+    "pooled-host",
+    "slow-bodies",
     "eviction",
     "overload",
     "reload",
@@ -164,6 +167,8 @@ async fn run_one(name: &str, a: &Args) -> Outcome {
         "slowloris" => connections::slowloris(a).await,
         "descriptors" => connections::descriptors(a).await,
         "big-heads" => connections::big_heads(a).await,
+        "pooled-host" => connections::pooled_host(a).await,
+        "slow-bodies" => connections::slow_bodies(a).await,
         "eviction" => flooding::eviction(a).await,
         "memory" => flooding::memory(a).await,
         "redis-memory" => store::redis_memory(a).await,
