@@ -15,7 +15,8 @@
 //! times two different odd constants) and goes to the emptier one, which keeps the table about
 //! 90% full before a bucket overflows. A slot whose trace is back at rest is free. The table
 //! starts at [`INITIAL_SLOTS`] and doubles when both buckets of a new trace are full of live
-//! ones: each bucket splits into two, so every slot finds room. At `max_slots` it stops
+//! ones: each bucket splits into two, so every slot finds room (a last step up to `max_slots`
+//! that is not a doubling may push a few slots to the sketch). At `max_slots` it stops
 //! growing; a trace that finds both of its buckets full then pushes out the trace of the 17
 //! (16 held and the new one) that is back at rest soonest, and [`Fingerprints::record`] returns
 //! it for the sketch. So a flood larger than the table degrades to the sketch's precision for
@@ -57,6 +58,20 @@ pub struct Overflow {
     pub trace: Trace,
 }
 
+impl Overflow {
+    /// The trace of a slot, for the sketch (which places keys by the 56 bits a tag keeps).
+    fn of(slot: Slot) -> Self {
+        Overflow {
+            hash: slot.tag & !0xFF,
+            policy: slot.tag as u8,
+            trace: Trace {
+                amount: slot.amount,
+                until: slot.until,
+            },
+        }
+    }
+}
+
 /// The table of evicted keys (see the module docs).
 #[derive(Debug, Clone)]
 pub struct Fingerprints {
@@ -67,14 +82,9 @@ pub struct Fingerprints {
 
 impl Fingerprints {
     /// An empty table (no allocation) that grows to at most `max_slots` slots (rounded down to
-    /// a power of two, at least [`BUCKET`]).
+    /// whole buckets, at least one).
     pub fn new(max_slots: usize) -> Self {
-        let max_slots = max_slots.max(BUCKET);
-        let max_slots = if max_slots.is_power_of_two() {
-            max_slots
-        } else {
-            max_slots.next_power_of_two() / 2
-        };
+        let max_slots = (max_slots / BUCKET).max(1) * BUCKET;
         Self {
             slots: Vec::new(),
             max_slots,
@@ -107,17 +117,13 @@ impl Fingerprints {
     }
 
     /// The first slot of each of the two buckets of `hash` (or of a tag: only its high 56
-    /// bits count) in a table of `len` slots.
+    /// bits count) in a table of `len` slots: the product of the hash and an odd constant,
+    /// scaled to the number of buckets (`x * n / 2^64`, so doubling `n` sends a bucket's keys
+    /// to buckets `2b` and `2b + 1` only).
     fn buckets(hash: u64, len: usize) -> [usize; 2] {
         let hash = hash & !0xFF;
-        let bits = (len / BUCKET).trailing_zeros();
-        let pick = |c: u64| {
-            if bits == 0 {
-                0
-            } else {
-                (hash.wrapping_mul(c) >> (64 - bits)) as usize * BUCKET
-            }
-        };
+        let n = (len / BUCKET) as u128;
+        let pick = |c: u64| ((u128::from(hash.wrapping_mul(c)) * n) >> 64) as usize * BUCKET;
         [pick(0x9E37_79B9_7F4A_7C15), pick(0xC2B2_AE3D_27D4_EB4F)]
     }
 
@@ -139,17 +145,13 @@ impl Fingerprints {
 
     /// Records the trace of an evicted key. A live trace of the same hash and policy is
     /// merged (the larger amount, the later time: the key's state was rebuilt from it, and if
-    /// another key shares the hash both stay covered). Returns the trace that found no slot,
-    /// if any: it must go to the sketch.
-    pub fn record(
-        &mut self,
-        hash: u64,
-        policy: u8,
-        trace: Trace,
-        now: Timestamp,
-    ) -> Option<Overflow> {
+    /// another key shares the hash both stay covered). Returns the traces that found no slot
+    /// (usually none, one when the table is full, a few when its last growth could not place
+    /// them all): they must go to the sketch.
+    pub fn record(&mut self, hash: u64, policy: u8, trace: Trace, now: Timestamp) -> Vec<Overflow> {
+        let mut spilled = Vec::new();
         if trace.until <= now {
-            return None;
+            return spilled;
         }
         if self.slots.is_empty() {
             self.slots = vec![Slot::default(); INITIAL_SLOTS.min(self.max_slots)];
@@ -164,7 +166,7 @@ impl Fingerprints {
                 {
                     s.amount = s.amount.max(trace.amount);
                     s.until = s.until.max(trace.until);
-                    return None;
+                    return spilled;
                 }
             }
             let live = |b: usize| {
@@ -187,10 +189,10 @@ impl Fingerprints {
                     until: trace.until,
                     amount: trace.amount,
                 };
-                return None;
+                return spilled;
             }
             if self.slots.len() < self.max_slots {
-                self.grow(now);
+                self.grow(now, &mut spilled);
                 continue;
             }
             // Full: the trace back at rest soonest leaves for the sketch.
@@ -201,11 +203,12 @@ impl Fingerprints {
                 .unwrap_or(0);
             let out = self.slots[soonest];
             if trace.until <= out.until {
-                return Some(Overflow {
+                spilled.push(Overflow {
                     hash,
                     policy,
                     trace,
                 });
+                return spilled;
             }
             self.slots[soonest] = Slot {
                 tag,
@@ -213,21 +216,18 @@ impl Fingerprints {
                 amount: trace.amount,
             };
             // The slot kept the hash's high 56 bits: all the sketch places a key by.
-            return Some(Overflow {
-                hash: out.tag & !0xFF,
-                policy: out.tag as u8,
-                trace: Trace {
-                    amount: out.amount,
-                    until: out.until,
-                },
-            });
+            spilled.push(Overflow::of(out));
+            return spilled;
         }
     }
 
-    /// Doubles the table, dropping the traces back at rest. Each old bucket splits into two
-    /// new ones (the next bit of the same products), so every live slot finds room.
-    fn grow(&mut self, now: Timestamp) {
-        let len = self.slots.len() * 2;
+    /// Doubles the table (or grows it to `max_slots`, if less), dropping the traces back at
+    /// rest. A live slot goes to the new bucket of the same choice it sat in; when the table
+    /// doubles that always has room (each old bucket splits into two new ones). On a last,
+    /// smaller step a new bucket can receive slots from two old ones: a slot that finds both of
+    /// its buckets full is pushed to `spilled`, for the sketch.
+    fn grow(&mut self, now: Timestamp, spilled: &mut Vec<Overflow>) {
+        let len = (self.slots.len() * 2).min(self.max_slots);
         let mut next = vec![Slot::default(); len];
         for (i, s) in self.slots.iter().enumerate() {
             if s.until <= now {
@@ -236,9 +236,13 @@ impl Fingerprints {
             let old = Self::buckets(s.tag, self.slots.len());
             // The bucket it sat in (the first if both are the same one).
             let which = usize::from(old[0] != i / BUCKET * BUCKET);
-            let b = Self::buckets(s.tag, len)[which];
-            if let Some(free) = next[b..b + BUCKET].iter_mut().find(|n| n.until == 0) {
-                *free = *s;
+            let new = Self::buckets(s.tag, len);
+            let free = [new[which], new[1 - which]]
+                .into_iter()
+                .find_map(|b| (b..b + BUCKET).find(|&j| next[j].until == 0));
+            match free {
+                Some(j) => next[j] = *s,
+                None => spilled.push(Overflow::of(*s)),
             }
         }
         self.slots = next;
@@ -268,7 +272,7 @@ mod tests {
     fn a_key_finds_only_its_own_trace() {
         let mut f = Fingerprints::new(1 << 12);
         for i in 0..1000 {
-            assert_eq!(f.record(hash(i), 0, trace(i, T0 + 10), T0), None);
+            assert_eq!(f.record(hash(i), 0, trace(i, T0 + 10), T0), vec![]);
         }
         for i in 0..1000 {
             assert_eq!(f.find(hash(i), 0, T0), Some(trace(i, T0 + 10)));
@@ -295,12 +299,12 @@ mod tests {
         let mut f = Fingerprints::new(1 << 16);
         for i in 0..20_000 {
             let until = if i % 2 == 0 { T0 + 5 } else { T0 + 100 };
-            assert_eq!(f.record(hash(i), 0, trace(1, until), T0), None);
+            assert_eq!(f.record(hash(i), 0, trace(1, until), T0), vec![]);
         }
         assert!(f.slots() <= 1 << 15, "{} slots", f.slots());
         // After the even ones are back at rest, the odd ones survive more growth.
         for i in 20_000..40_000 {
-            assert_eq!(f.record(hash(i), 0, trace(1, T0 + 100), T0 + 6), None);
+            assert_eq!(f.record(hash(i), 0, trace(1, T0 + 100), T0 + 6), vec![]);
         }
         for i in (1..40_000).step_by(2) {
             assert!(f.find(hash(i), 0, T0 + 6).is_some(), "{i}");
@@ -310,21 +314,23 @@ mod tests {
 
     #[test]
     fn a_full_table_hands_the_soonest_trace_to_the_sketch() {
-        let mut f = Fingerprints::new(64);
-        let mut out = Vec::new();
-        for i in 0..200u64 {
-            if let Some(o) = f.record(hash(i), 0, trace(1, T0 + 1000 + i), T0) {
-                out.push(o);
+        // A power of two, and sizes whose last growth is not a doubling.
+        for max in [64usize, 1000, 1032, 4096] {
+            let mut f = Fingerprints::new(max);
+            let n = 3 * max as u64;
+            let mut out = Vec::new();
+            for i in 0..n {
+                out.extend(f.record(hash(i), 0, trace(1, T0 + 1000 + i), T0));
             }
+            assert_eq!(f.slots(), max);
+            // Every trace is either held or handed out, none lost.
+            for i in 0..n {
+                let held = f.find(hash(i), 0, T0).is_some();
+                let handed = out.iter().any(|o| o.hash == hash(i) & !0xFF);
+                assert!(held ^ handed, "{max}: {i}: held {held}, handed {handed}");
+            }
+            // Most of the table is used.
+            assert!(f.live(T0) >= max * 8 / 10, "{max}: {} live", f.live(T0));
         }
-        assert_eq!(f.slots(), 64);
-        // Every trace is either held or handed out, none lost.
-        for i in 0..200u64 {
-            let held = f.find(hash(i), 0, T0).is_some();
-            let handed = out.iter().any(|o| o.hash == hash(i) & !0xFF);
-            assert!(held ^ handed, "{i}: held {held}, handed {handed}");
-        }
-        // Most of the table is used before anything is handed out.
-        assert!(out.len() <= 200 - 56, "{}", out.len());
     }
 }

@@ -755,25 +755,24 @@ impl Shard {
             }
             informative += 1;
             let trace = summary::trace(&e.state, e.expires_at, now);
-            let Some(out) = fingerprints.record(s.hash, s.policy, trace, now) else {
-                return false;
-            };
-            *overflowed += 1;
-            let Overflow {
-                hash,
-                policy,
-                trace,
-            } = out;
-            let slot_sketch = match policies.get_mut(usize::from(policy)) {
-                Some(p) => &mut p.sketch,
-                None => &mut *shared,
-            };
-            let sketch = slot_sketch.get_or_insert_with(|| {
-                *sketch_bytes += Sketch::bytes_for(*sketch_width);
-                *bytes += Sketch::bytes_for(*sketch_width);
-                Sketch::new(*sketch_width)
-            });
-            sketch.record(hash, trace, now);
+            for out in fingerprints.record(s.hash, s.policy, trace, now) {
+                *overflowed += 1;
+                let Overflow {
+                    hash,
+                    policy,
+                    trace,
+                } = out;
+                let slot_sketch = match policies.get_mut(usize::from(policy)) {
+                    Some(p) => &mut p.sketch,
+                    None => &mut *shared,
+                };
+                let sketch = slot_sketch.get_or_insert_with(|| {
+                    *sketch_bytes += Sketch::bytes_for(*sketch_width);
+                    *bytes += Sketch::bytes_for(*sketch_width);
+                    Sketch::new(*sketch_width)
+                });
+                sketch.record(hash, trace, now);
+            }
             false
         });
         self.bytes = self.bytes + alloc_bytes(self.fingerprints.heap_bytes()) - table_before;

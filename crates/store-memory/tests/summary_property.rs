@@ -48,7 +48,7 @@ proptest! {
     fn summarized_decisions_never_admit_more_than_exact(
         a in algorithm(),
         b in algorithm(),
-        slots in prop::sample::select(vec![8usize, 16, 128]),
+        slots in prop::sample::select(vec![8usize, 16, 40, 128]),
         steps in prop::collection::vec((0usize..12, 0u64..=3, 0u64..700), 1..200),
     ) {
         let clock = ManualClock::new(1_700_000_000_000_000);
