@@ -26,11 +26,17 @@ pub struct Rule {
 
 impl Rule {
     /// A rule for every path under `prefix` (segment-wise: `/api` covers `/api` and
-    /// `/api/x`, not `/apix`). `/` covers everything.
+    /// `/api/x`, not `/apix`), in its normalized form ([`crate::path`]). `/` covers
+    /// everything.
     pub fn new(prefix: impl Into<String>) -> Self {
         let mut prefix = prefix.into();
         if !prefix.starts_with('/') {
             prefix.insert(0, '/');
+        }
+        // Requests are matched by their normalized path; a prefix spelt otherwise (`//api`,
+        // `/%61pi`) means the same path. One with no normal form (`/a%2Fb`) never matches.
+        if let Ok(std::borrow::Cow::Owned(normal)) = crate::path::normalize(&prefix) {
+            prefix = normal;
         }
         Self {
             prefix,
@@ -150,7 +156,7 @@ mod tests {
             Rule::new("/"),
             Rule::new("/api"),
             Rule::new("/api").methods([Method::POST]),
-            Rule::new("api/upload"),
+            Rule::new("api//upload"),
         ];
         rules.sort_by(Rule::precedence);
         let order: Vec<(&str, usize)> = rules
