@@ -71,6 +71,7 @@ function main() {
     fs.mkdirSync(m);
     for (const f of main.files) copy(path.join(here, f), path.join(m, f));
     main.optionalDependencies = { [platform.name]: platform.version };
+    delete main.scripts.test; // the tests stay in the repository
     fs.writeFileSync(path.join(m, 'package.json'), JSON.stringify(main, null, 2) + '\n');
 
     console.log(pack(p, out));
