@@ -197,3 +197,21 @@ async fn ambiguous_paths_get_400_and_reach_no_upstream() {
         s.stop().await;
     }
 }
+
+#[test]
+fn a_route_prefix_that_is_not_a_normalized_path_is_a_config_error() {
+    for (prefix, says) in [
+        ("//login", "write \"/login\""),
+        ("/%6cogin", "write \"/login\""),
+        ("/a/../login", "write \"/login\""),
+        ("/a%2Fb", "encoded slash"),
+    ] {
+        let toml =
+            format!("[[routes]]\nprefix = \"{prefix}\"\nupstream = \"http://127.0.0.1:9\"\n");
+        let err = sluice_server::Config::parse(&toml, "sluice.toml", None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("sluice.toml:2: routes[0].prefix"), "{err}");
+        assert!(err.contains(says), "{prefix}: {err}");
+    }
+}

@@ -42,13 +42,38 @@ pub(super) fn check_routes(ck: &mut Checker<'_>, raw: &RawConfig) -> Vec<Route> 
         let field = format!("routes[{i}]");
         let rr = r.get_ref();
         let mut ok = true;
-        if !rr.prefix.get_ref().starts_with('/') {
+        let prefix = rr.prefix.get_ref();
+        if !prefix.starts_with('/') {
             ck.at(
                 rr.prefix.span(),
                 format!("{field}.prefix"),
                 "must start with /",
             );
             ok = false;
+        } else {
+            // Requests are matched by their normalized path, so a prefix in any other form
+            // would never match.
+            match sluice_http::path::normalize(prefix) {
+                Ok(normal) if normal == prefix.as_str() => {}
+                Ok(normal) => {
+                    ck.at(
+                        rr.prefix.span(),
+                        format!("{field}.prefix"),
+                        format!(
+                            "{prefix:?} is not a normalized path and would never match: write {normal:?}"
+                        ),
+                    );
+                    ok = false;
+                }
+                Err(e) => {
+                    ck.at(
+                        rr.prefix.span(),
+                        format!("{field}.prefix"),
+                        format!("{prefix:?} would never match: {e}"),
+                    );
+                    ok = false;
+                }
+            }
         }
         let mut methods = Vec::new();
         for m in &rr.methods {
