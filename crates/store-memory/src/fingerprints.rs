@@ -11,9 +11,9 @@
 //! traces that find no slot.
 //!
 //! # Layout
-//! Buckets of [`BUCKET`] slots; a key may sit in either of two buckets (the top bits of its hash
-//! times two different odd constants) and goes to the emptier one, which keeps the table about
-//! 90% full before a bucket overflows. A slot whose trace is back at rest is free. The table
+//! Buckets of [`BUCKET`] slots; a key may sit in either of two buckets (its hash times two
+//! different odd constants, scaled to the number of buckets) and goes to the emptier one, which
+//! keeps the table over 90% full before a bucket overflows. A slot whose trace is back at rest is free. The table
 //! starts at [`INITIAL_SLOTS`] and doubles when both buckets of a new trace are full of live
 //! ones: each bucket splits into two, so every slot finds room (a last step up to `max_slots`
 //! that is not a doubling may push a few slots to the sketch). At `max_slots` it stops
