@@ -20,6 +20,9 @@ pub(super) async fn healthz() -> Response {
 pub(super) async fn readyz(State(shared): State<Shared>) -> Response {
     let rt = shared.runtime();
     let store = rt.limiter.store().kind();
+    // Informational: checks decide from this snapshot whatever its age, so an old one does
+    // not make the instance unready.
+    let control_age = rt.limiter.control().snapshot_age().map(|a| a.as_secs_f64());
     match probe_store(
         &rt.limiter,
         rt.config
@@ -31,11 +34,11 @@ pub(super) async fn readyz(State(shared): State<Shared>) -> Response {
     {
         Ok(()) => json_response(
             StatusCode::OK,
-            &json!({ "ready": true, "store": store, "generation": rt.generation }),
+            &json!({ "ready": true, "store": store, "generation": rt.generation, "control_snapshot_age_seconds": control_age }),
         ),
         Err(e) => json_response(
             StatusCode::SERVICE_UNAVAILABLE,
-            &json!({ "ready": false, "store": store, "generation": rt.generation, "error": e.to_string() }),
+            &json!({ "ready": false, "store": store, "generation": rt.generation, "control_snapshot_age_seconds": control_age, "error": e.to_string() }),
         ),
     }
 }

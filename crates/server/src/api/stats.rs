@@ -83,6 +83,8 @@ pub(super) async fn stats(State(shared): State<Shared>, req: Request) -> Respons
             "control".into(),
             json!({
                 "backend": control.backend(),
+                "snapshot_age_seconds": control.snapshot_age().map(|a| a.as_secs_f64()),
+                "sizes": control_sizes(control),
                 "overrides": overrides,
                 "bans": bans,
                 "lists": lists,
@@ -103,6 +105,17 @@ pub(super) async fn stats(State(shared): State<Shared>, req: Request) -> Respons
     }
     count("stats", StatusCode::OK);
     json_response(StatusCode::OK, &report)
+}
+
+/// Runtime entries per control table in this instance's memory, with their limits.
+fn control_sizes(control: &sluice::ControlPlane) -> Value {
+    let (sizes, limits) = (control.sizes(), control.limits());
+    json!({
+        "allow": sizes.allow, "max_allow": limits.max_allow,
+        "deny": sizes.deny, "max_deny": limits.max_deny,
+        "bans": sizes.bans, "max_bans": limits.max_bans,
+        "overrides": sizes.overrides, "max_overrides": limits.max_overrides,
+    })
 }
 
 /// Identities are not for everyone who can reach a public listener: without any token the

@@ -75,6 +75,8 @@ pub fn zero_series<'a>(policies: impl Iterator<Item = &'a str>, store: &'static 
     for listener in ["http", "grpc", "proxy", "admin"] {
         metrics::gauge!("sluice_connections_open", "listener" => listener).increment(0.0);
     }
+    // Set by the control plane's reader (Redis) every 250 ms; 0 on the embedded store.
+    metrics::gauge!("sluice_control_snapshot_age_seconds").increment(0.0);
 }
 
 /// Describes the metrics of this module.
@@ -90,6 +92,10 @@ pub fn describe() {
     metrics::describe_gauge!(
         "sluice_top_identity_count",
         "Estimated count of the heaviest identities over the last 5 to 10 minutes, by list (decisions, denials) and rank (1 = heaviest); never by identity"
+    );
+    metrics::describe_gauge!(
+        "sluice_control_snapshot_age_seconds",
+        "Age of the control snapshot (overrides, bans, lists) checks decide from: time since it was last brought up to date with the store"
     );
     metrics::describe_gauge!(
         "sluice_top_identities_total",
