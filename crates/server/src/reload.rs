@@ -76,6 +76,9 @@ async fn reload_file(shared: &Shared, trigger: &str) -> Result<u64, Vec<String>>
     {
         return fail("refused", e.0.iter().map(ToString::to_string).collect());
     }
+    for warning in config.exposure_warnings() {
+        tracing::warn!("{}: {warning}", path.display());
+    }
     let limiter = if config.store_identity() == current.config.store_identity() {
         current.limiter.clone()
     } else {

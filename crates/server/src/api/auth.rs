@@ -144,7 +144,7 @@ pub(super) async fn guard(State(shared): State<Shared>, req: Request, next: Next
     let (method, path) = (req.method().clone(), req.uri().path().to_owned());
     let class = classify(&method, &path);
     let (tokens, name) = accepted_tokens(&rt.config, class);
-    if let Err(refused) = super::site::admit(&rt.config, class, tokens.is_empty(), &req) {
+    if let Some(refused) = super::site::refusal(&rt.config, class, tokens.is_empty(), &req) {
         count(endpoint_name(&method, &path), refused.status());
         return refused;
     }

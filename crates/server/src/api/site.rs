@@ -33,23 +33,23 @@ use super::auth::Class;
 use super::problem;
 use crate::Config;
 
-/// `Ok` when `req` may go on to the token check; else the refusal. `unguarded`: no token is
-/// configured for `class`.
-pub(super) fn admit(
+/// The refusal of `req`, or `None` when it may go on to the token check. `unguarded`: no
+/// token is configured for `class`.
+pub(super) fn refusal(
     config: &Config,
     class: Class,
     unguarded: bool,
     req: &Request,
-) -> Result<(), Response> {
+) -> Option<Response> {
     if class == Class::Open {
-        return Ok(());
+        return None;
     }
     let host = request_host(req);
     let write = !matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS);
     if write && let Some(origin) = req.headers().get(ORIGIN) {
         let origin = origin.to_str().unwrap_or("null");
         if !same_site(origin, host.as_deref(), &config.server.allowed_hosts) {
-            return Err(problem(
+            return Some(problem(
                 StatusCode::FORBIDDEN,
                 &format!(
                     "a request from the web page at {origin} may not change anything here \
@@ -64,7 +64,7 @@ pub(super) fn admit(
         && let Some(host) = &host
         && !host_allowed(host, config)
     {
-        return Err(problem(
+        return Some(problem(
             StatusCode::MISDIRECTED_REQUEST,
             &format!(
                 "Host {host:?} is not a loopback address, an address of this server or one of \
@@ -80,7 +80,7 @@ pub(super) fn admit(
             .map(|v| v.to_str().unwrap_or("?"));
         if !ct.is_some_and(is_json) {
             let given = ct.map_or_else(|| "none".to_owned(), |c| format!("{c:?}"));
-            return Err(problem(
+            return Some(problem(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 &format!(
                     "the body must be sent with Content-Type: application/json (given: {given})"
@@ -88,7 +88,7 @@ pub(super) fn admit(
             ));
         }
     }
-    Ok(())
+    None
 }
 
 /// The authority the request was sent to: `Host`, else the HTTP/2 `:authority`.
