@@ -20,9 +20,11 @@
 //!   long identities cost it;
 //! - `reload`, `credentials`, `exposure` ([`operator`]): operator mistakes and exposure;
 //! - `proxy-paths`, `count-outcome`, `client-identities` ([`proxy_edges`]): the reverse
-//!   proxy against real FastAPI and Express upstreams.
+//!   proxy against real FastAPI and Express upstreams;
+//! - `public-control`, `cross-site` ([`boundary`]): the auth boundary and cross-site writes.
 #![forbid(unsafe_code)]
 
+mod boundary;
 mod connections;
 mod flooding;
 mod harness;
@@ -45,7 +47,7 @@ pub(crate) struct Args {
 }
 
 /// The names `--only` accepts, in the order they run.
-const ATTACKS: [&str; 16] = [
+const ATTACKS: [&str; 18] = [
     "slowloris",
     "descriptors",
     "big-heads",
@@ -62,6 +64,8 @@ const ATTACKS: [&str; 16] = [
     "proxy-paths",
     "count-outcome",
     "client-identities",
+    "public-control",
+    "cross-site",
 ];
 
 fn args() -> Args {
@@ -180,6 +184,8 @@ async fn run_one(name: &str, a: &Args) -> Outcome {
         "proxy-paths" => proxy_edges::paths(a).await,
         "count-outcome" => proxy_edges::count_outcome(a).await,
         "client-identities" => proxy_edges::client_identities(a).await,
+        "public-control" => boundary::public_control(a).await,
+        "cross-site" => boundary::cross_site(a).await,
         _ => unreachable!("names are checked in args()"),
     }
 }
