@@ -281,15 +281,25 @@ impl RedisControl {
     ) -> Result<(), ControlError> {
         let table = Table::of(kind);
         let max = shared.limits().max_of(table);
-        let value = tables::encode_expiry(expires);
-        let ends = expires.unwrap_or(0).to_string();
-        let mut args = Vec::with_capacity(3 + entries.len() * 3);
-        args.extend([table.code().to_string(), max.to_string(), LOG_LENGTH.into()]);
-        for e in entries {
-            args.extend([e.text(), value.clone(), ends.clone()]);
-        }
+        let mut args = Vec::with_capacity(5 + entries.len());
+        args.extend([
+            table.code().to_string(),
+            max.to_string(),
+            LOG_LENGTH.into(),
+            tables::encode_expiry(expires),
+            expires.unwrap_or(0).to_string(),
+        ]);
+        args.extend(entries.iter().map(ListEntry::text));
         let keys = [self.hash(table), &self.log, &self.expiry];
-        let reply = self.eval(PUT_MANY, &keys, &args).await?;
+        // The script writes the same values however often it runs, so a call whose answer
+        // was lost to a timeout is sent again (twice at most).
+        let mut attempt = 0;
+        let reply = loop {
+            match self.eval(PUT_MANY, &keys, &args).await {
+                Err(StoreError::Timeout(_)) if attempt < 2 => attempt += 1,
+                other => break other?,
+            }
+        };
         if first_int(&reply) == Some(0) {
             return Err(ControlError::Full {
                 table: table.name(),
