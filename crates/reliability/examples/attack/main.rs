@@ -21,11 +21,14 @@
 //! - `reload`, `credentials`, `exposure` ([`operator`]): operator mistakes and exposure;
 //! - `proxy-paths`, `count-outcome`, `client-identities` ([`proxy_edges`]): the reverse
 //!   proxy against real FastAPI and Express upstreams;
-//! - `public-control`, `cross-site` ([`boundary`]): the auth boundary and cross-site writes.
+//! - `public-control`, `cross-site` ([`boundary`]): the auth boundary and cross-site writes;
+//! - `control-size`, `ban-expiry` ([`control`]): a million deny entries on two instances, and
+//!   automatic bans of rotating identities that must leave nothing behind.
 #![forbid(unsafe_code)]
 
 mod boundary;
 mod connections;
+mod control;
 mod flooding;
 mod harness;
 mod operator;
@@ -47,7 +50,7 @@ pub(crate) struct Args {
 }
 
 /// The names `--only` accepts, in the order they run.
-const ATTACKS: [&str; 18] = [
+const ATTACKS: [&str; 20] = [
     "slowloris",
     "descriptors",
     "big-heads",
@@ -66,6 +69,8 @@ const ATTACKS: [&str; 18] = [
     "client-identities",
     "public-control",
     "cross-site",
+    "control-size",
+    "ban-expiry",
 ];
 
 fn args() -> Args {
@@ -186,6 +191,8 @@ async fn run_one(name: &str, a: &Args) -> Outcome {
         "client-identities" => proxy_edges::client_identities(a).await,
         "public-control" => boundary::public_control(a).await,
         "cross-site" => boundary::cross_site(a).await,
+        "control-size" => control::control_size(a).await,
+        "ban-expiry" => control::ban_expiry(a).await,
         _ => unreachable!("names are checked in args()"),
     }
 }
