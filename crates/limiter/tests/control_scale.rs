@@ -481,3 +481,58 @@ async fn an_instance_the_log_left_behind_reads_the_tables_again() {
         Some(DenyReason::Denied)
     );
 }
+
+/// Resident memory of this process, bytes.
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+/// The figures of `docs/benchmarks.md`, "Control plane size": check latency (p50/p99, one
+/// check at a time on the embedded store) and resident memory with 0, 100,000 and 1,000,000
+/// deny entries. `cargo test --release -p sluice --test control_scale -- --ignored --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, not a check"]
+async fn control_plane_size_figures() {
+    let l = Limiter::memory();
+    let p = fixed("api", 1_000_000_000);
+    let mut loaded = 0u32;
+    let base = rss_bytes();
+    for target in [0u32, 100_000, 1_000_000] {
+        if target > loaded {
+            load_deny(&l, loaded, target - loaded).await;
+            loaded = target;
+        }
+        let rss = rss_bytes();
+        let mut took = Vec::with_capacity(20_000);
+        for i in 0..20_000u32 {
+            let who = if i % 2 == 0 {
+                format!("ip:10.{}.{}.{}", (i >> 16) & 15, (i >> 8) & 255, i & 255)
+            } else {
+                format!("ip:192.168.{}.{}", (i >> 8) & 255, i & 255)
+            };
+            let id = Identity::new(who);
+            let t = Instant::now();
+            let c = l.check(&id, &p, 1).await;
+            took.push(t.elapsed());
+            assert!(matches!(c.verdict, Verdict::Decided));
+        }
+        took.sort();
+        println!(
+            "{target} entries: check p50 {:?}, p99 {:?}; RSS +{} MB over empty ({} bytes per entry)",
+            took[10_000],
+            took[19_800],
+            (rss.saturating_sub(base)) >> 20,
+            if target > 0 {
+                rss.saturating_sub(base) / u64::from(target)
+            } else {
+                0
+            }
+        );
+    }
+}
