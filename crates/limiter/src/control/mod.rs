@@ -227,7 +227,7 @@ enum Backend {
     /// The tables are the truth (the embedded store, or a store without a control backend).
     Local,
     #[cfg(feature = "redis")]
-    Redis(redis::RedisControl),
+    Redis(Box<redis::RedisControl>),
 }
 
 /// Counters of the embedded backend's automatic bans.
@@ -286,7 +286,7 @@ impl ControlPlane {
     /// so control traffic never shares the checks' connection or timeout.
     #[cfg(feature = "redis")]
     pub fn redis(store: Arc<sluice_redis::RedisStore>, prefix: &str) -> Self {
-        let backend = Backend::Redis(redis::RedisControl::new(store, prefix));
+        let backend = Backend::Redis(Box::new(redis::RedisControl::new(store, prefix)));
         let plane = Self::with_backend(backend, Arc::new(SystemClock));
         redis::spawn_poller(Arc::downgrade(&plane.shared));
         plane
