@@ -336,14 +336,17 @@ ban = { after = 3, within = "1m", duration = "10m", multiplier = 2.0, max = "24h
         assert_eq!(ban.duration_at(20), 86_400_000, "capped at max");
         assert_eq!(c.control.allow.len(), 2);
         assert_eq!(c.control.limits.max_deny, 2_000_000, "the default");
-        let c = Config::parse(
+        let limited = Config::parse(
             &format!("{BASE}\n[control]\nmax_deny = 5\nmax_body_bytes = \"1MiB\"\n"),
             "t.toml",
             None,
         )
         .unwrap();
         assert_eq!(
-            (c.control.limits.max_deny, c.control.limits.max_body_bytes),
+            (
+                limited.control.limits.max_deny,
+                limited.control.limits.max_body_bytes
+            ),
             (5, 1 << 20)
         );
         assert_eq!(
