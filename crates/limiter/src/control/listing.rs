@@ -1,6 +1,8 @@
 //! The live control entries as a list, for operators to see what is in force (the console,
 //! `sluice top`). Read from the local tables, which on a shared store follow the store within
-//! one poll interval.
+//! one poll interval. A listing reads at most `limit + 1` entries of each kind, so asking for
+//! one costs the same with a million entries as with a hundred (and holds the tables' read
+//! lock as briefly): with more entries than `limit` it shows some of them, sorted.
 
 use super::tables::OverrideTarget;
 use super::{ControlPlane, ListKind};
@@ -51,17 +53,18 @@ pub struct ControlListing {
     pub bans: Vec<ListedBan>,
     /// List entries: allow then deny.
     pub lists: Vec<ListedEntry>,
-    /// True when some kind held more than `limit` entries.
+    /// True when some kind held more than `limit` entries (the listing then shows `limit` of
+    /// them, not the first `limit` in order).
     pub truncated: bool,
 }
 
 impl ControlPlane {
-    /// The entries in force now, at most `limit` of each kind.
+    /// The entries in force now, at most `limit` of each kind, each kind sorted.
     pub fn listing(&self, limit: usize) -> ControlListing {
         let now = self.now_ms();
         let tables = self.shared.tables.read();
         let mut overrides: Vec<ListedOverride> = tables
-            .live_overrides(now)
+            .live_overrides(now, limit.saturating_add(1))
             .into_iter()
             .map(|(policy, identity, e)| ListedOverride {
                 policy: policy.to_string(),
@@ -77,7 +80,7 @@ impl ControlPlane {
             .collect();
         overrides.sort_by(|a, b| (&a.policy, &a.identity).cmp(&(&b.policy, &b.identity)));
         let mut bans: Vec<ListedBan> = tables
-            .live_bans(now)
+            .live_bans(now, limit.saturating_add(1))
             .into_iter()
             .map(|(identity, b)| ListedBan {
                 identity: identity.to_string(),
@@ -87,7 +90,7 @@ impl ControlPlane {
             .collect();
         bans.sort_by(|a, b| a.identity.cmp(&b.identity));
         let mut lists: Vec<ListedEntry> = tables
-            .live_list_entries(now)
+            .live_list_entries(now, limit.saturating_add(1))
             .into_iter()
             .map(|p| ListedEntry {
                 list: p.kind,

@@ -519,8 +519,13 @@ pub(crate) struct ListedPlace {
 }
 
 impl Tables {
-    /// Every override in force at `now_ms`: (policy, identity, entry).
-    pub(crate) fn live_overrides(&self, now_ms: u64) -> Vec<(&str, &str, &OverrideEntry)> {
+    /// Overrides in force at `now_ms`, at most `limit` (in no order): (policy, identity,
+    /// entry). The cost is bounded by `limit`, not by the table.
+    pub(crate) fn live_overrides(
+        &self,
+        now_ms: u64,
+        limit: usize,
+    ) -> Vec<(&str, &str, &OverrideEntry)> {
         self.identities
             .iter()
             .flat_map(|(identity, e)| {
@@ -529,23 +534,27 @@ impl Tables {
                     .map(move |(policy, slot)| (&**policy, &**identity, &slot.entry))
             })
             .filter(|(_, _, e)| e.expires_at_ms.is_none_or(|t| t > now_ms))
+            .take(limit)
             .collect()
     }
 
-    /// Every ban in force at `now_ms`: (identity, ban).
-    pub(crate) fn live_bans(&self, now_ms: u64) -> Vec<(&str, &BanEntry)> {
+    /// Bans in force at `now_ms`, at most `limit` (in no order): (identity, ban).
+    pub(crate) fn live_bans(&self, now_ms: u64, limit: usize) -> Vec<(&str, &BanEntry)> {
         self.identities
             .iter()
             .flat_map(|(identity, e)| e.bans.iter().map(move |b| (&**identity, b)))
             .filter(|(_, b)| b.until_ms > now_ms)
+            .take(limit)
             .collect()
     }
 
-    /// Every list entry in force at `now_ms`, identities and networks.
-    pub(crate) fn live_list_entries(&self, now_ms: u64) -> Vec<ListedPlace> {
+    /// List entries in force at `now_ms`, identities and networks, at most `limit` of each
+    /// list (in no order).
+    pub(crate) fn live_list_entries(&self, now_ms: u64, limit: usize) -> Vec<ListedPlace> {
         let now = Now::at(now_ms);
         let mut out = Vec::new();
         for kind in [ListKind::Allow, ListKind::Deny] {
+            let before = out.len();
             let place = |entry: String, listed: Listed| {
                 listed.live(&now).then(|| ListedPlace {
                     kind,
@@ -563,11 +572,17 @@ impl Tables {
                     ListKind::Allow => e.lists.allow,
                     ListKind::Deny => e.lists.deny,
                 };
+                if out.len() - before >= limit {
+                    break;
+                }
                 if !listed.is_empty() {
                     out.extend(place(identity.to_string(), listed));
                 }
             }
             for (n, listed) in self.networks.of_kind(kind) {
+                if out.len() - before >= limit {
+                    break;
+                }
                 out.extend(place(n.to_string(), listed));
             }
         }
