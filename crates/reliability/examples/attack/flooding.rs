@@ -26,10 +26,11 @@ algorithm = "sliding-log"
 limit = 3
 window = "1h"
 
+# 10 per hour: a victim emptied before a flood of up to minutes gets no token back meanwhile.
 [policies.bucket]
 algorithm = "token-bucket"
 capacity = 10
-rate = "10/min"
+rate = "10/h"
 "#;
 
 async fn start(a: &Args, max_keys: Option<u64>) -> Result<Sluice, String> {
