@@ -1,7 +1,9 @@
--- Sets many entries of one list at once, all or nothing: O(entries), never O(table). The
--- entries go in groups of 500 per command (HMGET, HSET, ZADD, ZREM), so 10,000 entries
--- cost about 150 commands, not tens of thousands (measured: 25-40 ms in Redis 7 for 10,000
--- entries on a busy 2-core machine).
+-- Sets one chunk of a bulk import (at most IMPORT_CHUNK entries of one list): O(chunk),
+-- never O(table). A 10,000-entry import runs as several of these short scripts rather than
+-- one long one, so checks sharing this Redis never wait behind it; the caller keeps the
+-- whole call all or nothing (it checks the room first and undoes its chunks with
+-- undo_many.lua when one fails). Each chunk refuses on its own when the table has no room
+-- for it (another writer may have filled it since the caller checked).
 -- KEYS[1] the list's hash, KEYS[2] the change log, KEYS[3] the expiry set.
 -- ARGV: table code (a or d), the table's most entries, the log's length, the entries' value,
 -- their end (Unix ms, 0 = never), then the entries (distinct fields).
