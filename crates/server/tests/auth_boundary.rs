@@ -279,7 +279,10 @@ async fn with_server_admin_the_control_endpoints_are_on_the_admin_listener_only(
         let (status, doc) = call(&http, method.clone(), path, body.as_ref(), None).await;
         // Reading state stays on the HTTP listener, so resetting it there is 405, not 404.
         let expected = if path == "/v1/state" { 405 } else { 404 };
-        assert_eq!(status, expected, "{method} {path} on the HTTP listener: {doc}");
+        assert_eq!(
+            status, expected,
+            "{method} {path} on the HTTP listener: {doc}"
+        );
         let (status, doc) = call(&admin, method.clone(), path, body.as_ref(), None).await;
         assert_eq!(status, 200, "{method} {path} on the admin listener: {doc}");
     }
@@ -359,6 +362,18 @@ async fn durations_have_one_ceiling_everywhere() {
         assert!(detail.contains("longest accepted, 36500d"), "{detail}");
         details.push(detail);
     }
+    // Whole seconds too: 9223372036854775 s is 9223372036854775000 ms, far beyond 100 years.
+    for seconds in [9_223_372_036_854_775u64, 36_501 * 86_400, u64::MAX] {
+        let ban = json!({"identity": "user:1", "duration": seconds});
+        let (status, doc) = call(&base, Method::POST, "/v1/bans", Some(&ban), None).await;
+        assert_eq!(status, 400, "{seconds} s: {doc}");
+        let detail = doc["detail"].as_str().unwrap();
+        assert!(detail.contains("\"duration\""), "{detail}");
+        assert!(detail.contains("longest accepted, 36500d"), "{detail}");
+    }
+    let ban = json!({"identity": "user:1", "duration": 36_500u64 * 86_400});
+    let (status, doc) = call(&base, Method::POST, "/v1/bans", Some(&ban), None).await;
+    assert_eq!(status, 200, "{doc}");
     let ban = json!({"identity": "user:1", "duration": "36500d"});
     let (status, doc) = call(&base, Method::POST, "/v1/bans", Some(&ban), None).await;
     assert_eq!(status, 200, "{doc}");

@@ -2,7 +2,8 @@
 //! control plane ([`sluice::control`]).
 //!
 //! Every call needs the admin token when one is configured (else `server.api_token` when that
-//! is set), and every change is logged with the peer that made it. Who is concerned comes as `identity` or `credential`, read exactly as
+//! is set), checked in front of these handlers by the auth boundary ([`super::auth`]); every
+//! change is logged with the peer that made it. Who is concerned comes as `identity` or `credential`, read exactly as
 //! `/v1/check` reads them, so a change made with an API key reaches the bucket the proxy and
 //! `/v1/check` use for that key. Changes go to the store; every instance sharing it applies
 //! them to its next decision within a second.
@@ -18,39 +19,22 @@ use axum::response::Response;
 use http::StatusCode;
 use serde_json::{Map, Value, json};
 use sluice::control::{ControlError, MAX_BULK};
-use sluice::core::policy::{format_duration_ms, parse_duration_ms};
+use sluice::core::policy::{format_duration_ms, parse_duration_ms, within_max_duration};
 use sluice::{BanEntry, Identity, ListEntry, ListKind, OverrideEntry, OverrideTarget};
 
-use super::auth::{bearer_allows, unauthorized};
 use super::check::parse_identity;
 use super::{count, json_response, kind, problem, read_json};
 use crate::config::control::{ParamsText, overlay};
 use crate::state::{Runtime, Shared};
 
-/// Refuses a request without the admin token (or, with no admin token, the API token) when
-/// one is configured.
-fn refused(rt: &Runtime, req: &Request, endpoint: &'static str) -> Option<Response> {
-    let (token, name) = match rt.config.admin_token.as_deref() {
-        Some(t) => (Some(t), "admin_token"),
-        None => (rt.config.server.api_token.as_deref(), "api_token"),
-    };
-    if bearer_allows(req.headers(), token) {
-        return None;
-    }
-    count(endpoint, StatusCode::UNAUTHORIZED);
-    Some(unauthorized(name))
-}
-
-/// The token check and the body, or the answer that refuses the request.
+/// The body, or the answer that refuses the request (the token was checked by the auth
+/// boundary before the handler ran).
 async fn admit(
     shared: &Shared,
     req: Request,
     endpoint: &'static str,
 ) -> Result<(std::sync::Arc<Runtime>, String, Map<String, Value>), Response> {
     let rt = shared.runtime();
-    if let Some(res) = refused(&rt, &req, endpoint) {
-        return Err(res);
-    }
     let peer = sluice_http::identity::peer_addr(req.extensions())
         .map_or_else(|| "unknown".to_string(), |a| a.to_string());
     let max_body = usize::try_from(rt.config.control.limits.max_body_bytes).unwrap_or(usize::MAX);
@@ -194,10 +178,13 @@ fn duration(m: &mut Map<String, Value>, field: &str) -> Result<Option<Duration>,
     let ms = match m.remove(field) {
         None | Some(Value::Null) => return Ok(None),
         Some(Value::String(s)) => parse_duration_ms(&s).map_err(|e| format!("\"{field}\": {e}"))?,
-        Some(Value::Number(n)) => n
-            .as_u64()
-            .and_then(|s| s.checked_mul(1000))
-            .ok_or_else(|| format!("\"{field}\" must be a whole number of seconds"))?,
+        Some(Value::Number(n)) => {
+            let s = n
+                .as_u64()
+                .ok_or_else(|| format!("\"{field}\" must be a whole number of seconds"))?;
+            // The one ceiling of every duration, for seconds as for text.
+            within_max_duration(s.saturating_mul(1000)).map_err(|e| format!("\"{field}\": {e}"))?
+        }
         Some(other) => {
             return Err(format!(
                 "\"{field}\" must be a duration such as \"10m\" or seconds, not {}",
@@ -306,9 +293,6 @@ pub(super) async fn set_override(State(shared): State<Shared>, req: Request) -> 
 pub(super) async fn get_override(State(shared): State<Shared>, req: Request) -> Response {
     const EP: &str = "overrides";
     let rt = shared.runtime();
-    if let Some(res) = refused(&rt, &req, EP) {
-        return res;
-    }
     let query =
         axum::extract::Query::<std::collections::HashMap<String, String>>::try_from_uri(req.uri());
     let mut m: Map<String, Value> = match query {
