@@ -19,7 +19,7 @@ mkdir -p "$dest"/{usr/local/bin,etc/sluice,etc/ssl/certs,tmp}
 chmod 1777 "$dest/tmp"
 install -m 0755 "$bin" "$dest/usr/local/bin/sluice"
 # The libraries the binary loads, and the loader itself, at the paths ldd resolves.
-ldd "$bin" | awk '/=> \// { print $3 } /^\s*\/.*ld-linux/ { print $1 }' | sort -u | while read -r lib; do
+ldd "$bin" | awk '/=> \// { print $3 } /^[[:space:]]*\/.*ld-linux/ { print $1 }' | sort -u | while read -r lib; do
   mkdir -p "$dest$(dirname "$lib")"
   cp -L "$lib" "$dest$lib"
 done

@@ -155,7 +155,8 @@ fn the_image_builds_from_the_containerfile_settings_and_serves_from_its_own_root
     assert_eq!(cfg["Cmd"], as_json("CMD"));
     for port in directive(&stage, "EXPOSE").split_whitespace() {
         assert!(
-            cfg["ExposedPorts"].get(format!("{port}/tcp")).is_some(),
+            cfg["ExposedPorts"].get(format!("{port}/tcp")).is_some()
+                || cfg["ExposedPorts"].get(port).is_some(),
             "port {port} not exposed: {cfg}"
         );
     }
@@ -180,7 +181,7 @@ fn the_image_builds_from_the_containerfile_settings_and_serves_from_its_own_root
     let conf = root.join("etc/sluice/test.toml");
     std::fs::write(&conf, config(http_port, grpc_port, &redis.url(), 3)).unwrap();
     let user = directive(&stage, "USER");
-    let serve = Command::new("chroot")
+    let serve = Command::new("/usr/sbin/chroot")
         .arg(format!("--userspec={user}"))
         .arg(&root)
         .args(["/usr/local/bin/sluice", "serve", "--config", "/etc/sluice/test.toml"])
@@ -189,7 +190,7 @@ fn the_image_builds_from_the_containerfile_settings_and_serves_from_its_own_root
         .env("SLUICE_API_TOKEN", "image-test")
         .env("SLUICE_HASH_KEY", "ab".repeat(32))
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(root.join("tmp/serve.log")).unwrap())
         .spawn()
         .expect("chroot");
     cleanup.serve = Some(serve);
@@ -197,7 +198,8 @@ fn the_image_builds_from_the_containerfile_settings_and_serves_from_its_own_root
     while std::net::TcpStream::connect(("127.0.0.1", http_port)).is_err() {
         assert!(
             started.elapsed() < Duration::from_secs(20),
-            "sluice serve did not start from the image"
+            "sluice serve did not start from the image: {}",
+            std::fs::read_to_string(root.join("tmp/serve.log")).unwrap_or_default()
         );
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -207,7 +209,7 @@ fn the_image_builds_from_the_containerfile_settings_and_serves_from_its_own_root
     if let Some(url) = probe.last_mut() {
         *url = format!("http://127.0.0.1:{http_port}/healthz");
     }
-    run(Command::new("chroot")
+    run(Command::new("/usr/sbin/chroot")
         .arg(format!("--userspec={user}"))
         .arg(&root)
         .args(&probe));

@@ -187,6 +187,15 @@ impl DenyCache {
         }
     }
 
+    /// Forgets every remembered denial (the policies changed).
+    pub(crate) fn clear(&self) {
+        for shard in self.shards.iter() {
+            let mut shard = shard.lock();
+            self.len.fetch_sub(shard.len(), Ordering::Relaxed);
+            shard.clear();
+        }
+    }
+
     /// Remembers the store's denial of a request of `cost` on `key`, sent at `sent`.
     pub(crate) fn record(&self, key: &str, cost: u64, sent: u64, decision: &Decision) {
         if decision.allowed
@@ -233,6 +242,18 @@ mod tests {
 
     fn limited(retry: u64) -> Decision {
         Decision::limited(10, 0, retry, 2000)
+    }
+
+    #[test]
+    fn clear_forgets_every_denial() {
+        let c = DenyCache::new(100);
+        c.record("a", 1, 0, &limited(5_000));
+        c.record("b", 1, 0, &limited(5_000));
+        assert!(c.lookup("a", 1, 1_000).is_some());
+        c.clear();
+        assert!(c.is_empty());
+        assert!(c.lookup("a", 1, 1_000).is_none());
+        assert!(c.lookup("b", 1, 1_000).is_none());
     }
 
     #[test]

@@ -615,6 +615,15 @@ impl Limiter {
         })
     }
 
+    /// Forgets every denial the deny cache remembers. A remembered denial is exact only while
+    /// the policy that made it is unchanged; a configuration reload that raises a limit makes
+    /// room before the remembered time, so the server calls this when it installs a reload.
+    pub fn forget_denials(&self) {
+        if let Some(cache) = &self.inner.deny_cache {
+            cache.clear();
+        }
+    }
+
     /// Denials answered by the deny cache without a store call, since the limiter was built.
     pub fn deny_cache_hits(&self) -> u64 {
         self.inner.deny_cache.as_ref().map_or(0, DenyCache::hits)

@@ -72,6 +72,8 @@ impl Shared {
         limiter.control().configure(config.control.clone());
         // A carried-over limiter keeps the observer it has.
         limiter.set_observer(self.0.stats.clone());
+        // A denial remembered under the old policies may not hold under the new ones.
+        limiter.forget_denials();
         let mut cur = self.0.current.write();
         let generation = cur.generation + 1;
         *cur = Arc::new(Runtime {
