@@ -282,7 +282,8 @@ test('thousands of checks in flight complete in batches, each with its own exact
     }
     assert.equal((await Promise.all(keyed)).filter((r) => r.allowed).length, 5, store);
     // A result serialises with its headers, as a plain object would.
-    const json = JSON.parse(JSON.stringify(results[0]));
+    // (Which of an identity's concurrent checks are admitted is up to the batching.)
+    const json = JSON.parse(JSON.stringify(results.find((r) => r.allowed)));
     assert.equal(json.allowed, true);
     assert.equal(json.headers['RateLimit-Policy'], '"many";q=7;w=3600');
     assert.equal(json.leaseToken, undefined);
