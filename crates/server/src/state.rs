@@ -243,7 +243,7 @@ fn describe_metrics() {
     );
     metrics::describe_counter!(
         "sluice_connections_rejected_total",
-        "Connections refused or closed by the connection limits, by listener and reason (global, per_ip, reserve_only, accept_error, header_timeout, body_timeout, idle)"
+        "Connections refused or closed by the connection limits, by listener and reason (global, per_ip, bodies_per_ip, body_too_slow, write_stall, reserve_only, accept_error, header_timeout, body_timeout, idle, displaced)"
     );
     metrics::describe_gauge!(
         "sluice_connections_open",
