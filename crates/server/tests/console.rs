@@ -271,6 +271,9 @@ async fn the_page_is_served_without_a_token_and_carries_no_data() {
 /// chromedriver on a free loopback port, killed (with the browser it started) on drop.
 struct Driver {
     child: Child,
+    /// The browser's profile folder, unique to this driver: every process started with it
+    /// (the browser and its helpers) is killed on drop, also when the session was not closed.
+    profile: std::path::PathBuf,
     url: String,
     session: Option<String>,
     http: reqwest::Client,
@@ -280,6 +283,10 @@ impl Drop for Driver {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = Command::new("pkill")
+            .args(["-KILL", "-f"])
+            .arg(format!("user-data-dir={}", self.profile.display()))
+            .status();
     }
 }
 
@@ -300,6 +307,7 @@ impl Driver {
             .expect("start chromedriver");
         let mut d = Driver {
             child,
+            profile: profile.to_path_buf(),
             url: format!("http://127.0.0.1:{port}"),
             session: None,
             http: client(),
