@@ -164,9 +164,10 @@ async fn run_async(command: Command) -> ExitCode {
             }
             Err(e) => fail(&e),
         },
-        Command::Validate(_) | Command::Keyslot(_) | Command::Scripts { .. } | Command::Probe(_) => {
-            ExitCode::SUCCESS
-        }
+        Command::Validate(_)
+        | Command::Keyslot(_)
+        | Command::Scripts { .. }
+        | Command::Probe(_) => ExitCode::SUCCESS,
     }
 }
 

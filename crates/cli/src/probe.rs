@@ -45,9 +45,7 @@ pub fn run(args: &ProbeArgs) -> Result<u16, String> {
     )
     .map_err(|e| format!("{addr}: {e}"))?;
     let mut head = [0u8; 64];
-    let n = stream
-        .read(&mut head)
-        .map_err(|e| format!("{addr}: {e}"))?;
+    let n = stream.read(&mut head).map_err(|e| format!("{addr}: {e}"))?;
     let line = String::from_utf8_lossy(&head[..n]);
     let status: u16 = line
         .strip_prefix("HTTP/1.1 ")

@@ -111,7 +111,11 @@ fn http(method: &str, port: u16, path: &str, body: Option<&str>) -> (u16, String
     let mut out = String::new();
     s.read_to_string(&mut out).unwrap();
     let status = out[9..12].parse().unwrap();
-    let body = out.split_once("\r\n\r\n").map(|x| x.1).unwrap_or("").to_string();
+    let body = out
+        .split_once("\r\n\r\n")
+        .map(|x| x.1)
+        .unwrap_or("")
+        .to_string();
     (status, body)
 }
 
@@ -184,7 +188,12 @@ fn the_image_builds_from_the_containerfile_settings_and_serves_from_its_own_root
     let serve = Command::new("/usr/sbin/chroot")
         .arg(format!("--userspec={user}"))
         .arg(&root)
-        .args(["/usr/local/bin/sluice", "serve", "--config", "/etc/sluice/test.toml"])
+        .args([
+            "/usr/local/bin/sluice",
+            "serve",
+            "--config",
+            "/etc/sluice/test.toml",
+        ])
         .env_clear()
         .env("SLUICE_ADMIN_TOKEN", "image-test")
         .env("SLUICE_API_TOKEN", "image-test")

@@ -311,6 +311,9 @@ fn version_names_the_release_and_the_commit() {
         "{line}"
     );
     if let Some(commit) = expected_commit {
-        assert!(line.contains(&commit), "{line} does not name commit {commit}");
+        assert!(
+            line.contains(&commit),
+            "{line} does not name commit {commit}"
+        );
     }
 }

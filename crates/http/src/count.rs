@@ -19,7 +19,6 @@
 //!
 //! Concurrency policies are not affected: they hold their lease from the check on, as always.
 
-
 use http::StatusCode;
 use sluice::{Algorithm, Checked, Identity, Limiter, Policy};
 

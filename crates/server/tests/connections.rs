@@ -466,7 +466,9 @@ async fn the_per_ip_cap_refuses_extra_connections_under_pressure() {
     let mut held = hold(s.addrs.http, 5).await;
     // A sixth connection from another address: 6 of 8 is under pressure.
     let _other = hold_from(s.addrs.http, 1, 1).await;
-    let answer = answer_of(s.addrs.http, "GET", "/healthz", "").await.unwrap();
+    let answer = answer_of(s.addrs.http, "GET", "/healthz", "")
+        .await
+        .unwrap();
     assert!(
         answer.starts_with("HTTP/1.1 503") && answer.contains("retry-after: 1"),
         "the sixth connection from one address is answered, then closed: {answer:?}"

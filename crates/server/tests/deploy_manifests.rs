@@ -36,7 +36,8 @@ fn resources() -> BTreeMap<String, Value> {
 }
 
 fn s(v: &Value) -> &str {
-    v.as_str().unwrap_or_else(|| panic!("expected a string, found {v:?}"))
+    v.as_str()
+        .unwrap_or_else(|| panic!("expected a string, found {v:?}"))
 }
 
 #[test]
@@ -109,8 +110,7 @@ fn the_kubernetes_manifests_fit_together() {
     for var in &named {
         let from = &env
             .get(var)
-            .unwrap_or_else(|| panic!("{var} is named in sluice.toml but not set"))["valueFrom"]
-            ["secretKeyRef"];
+            .unwrap_or_else(|| panic!("{var} is named in sluice.toml but not set"))["valueFrom"]["secretKeyRef"];
         assert_eq!(s(&from["name"]), "sluice-tokens");
         assert!(secret_keys.contains(s(&from["key"])), "{var}: no such key");
     }
@@ -126,8 +126,14 @@ fn the_kubernetes_manifests_fit_together() {
     assert_eq!(ports["grpc"], u64::from(config.server.grpc.port()));
     let admin = config.server.admin.expect("an admin listener");
     assert_eq!(ports["admin"], u64::from(admin.port()));
-    assert_eq!(s(&container["readinessProbe"]["httpGet"]["path"]), "/readyz");
-    assert_eq!(s(&container["livenessProbe"]["httpGet"]["path"]), "/healthz");
+    assert_eq!(
+        s(&container["readinessProbe"]["httpGet"]["path"]),
+        "/readyz"
+    );
+    assert_eq!(
+        s(&container["livenessProbe"]["httpGet"]["path"]),
+        "/healthz"
+    );
     for probe in ["readinessProbe", "livenessProbe"] {
         assert_eq!(s(&container[probe]["httpGet"]["port"]), "http");
     }
@@ -136,7 +142,11 @@ fn the_kubernetes_manifests_fit_together() {
             .as_bool()
             .unwrap()
     );
-    assert!(pod["spec"]["securityContext"]["runAsNonRoot"].as_bool().unwrap());
+    assert!(
+        pod["spec"]["securityContext"]["runAsNonRoot"]
+            .as_bool()
+            .unwrap()
+    );
 
     // The Service, ServiceMonitor and PDB select the pods and name real ports.
     let labels = &pod["metadata"]["labels"];
@@ -167,11 +177,18 @@ fn the_kubernetes_manifests_fit_together() {
     }
     let monitor = &r["ServiceMonitor/sluice"];
     let service_labels = &service["metadata"]["labels"];
-    for (k, v) in monitor["spec"]["selector"]["matchLabels"].as_mapping().unwrap() {
+    for (k, v) in monitor["spec"]["selector"]["matchLabels"]
+        .as_mapping()
+        .unwrap()
+    {
         assert_eq!(service_labels.get(k), Some(v));
     }
     let scrape = &monitor["spec"]["endpoints"][0];
-    assert_eq!(s(&scrape["port"]), "admin", "metrics live on the admin listener");
+    assert_eq!(
+        s(&scrape["port"]),
+        "admin",
+        "metrics live on the admin listener"
+    );
     assert_eq!(s(&scrape["path"]), "/metrics");
     assert!(secret_keys.contains(s(&scrape["bearerTokenSecret"]["key"])));
 
@@ -184,8 +201,8 @@ fn the_kubernetes_manifests_fit_together() {
         .iter()
         .find(|c| s(&c["name"]) == "sluice")
         .unwrap();
-    let addr = &cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]
-        ["address"]["socket_address"];
+    let addr = &cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+        ["socket_address"];
     assert_eq!(s(&addr["address"]), "sluice");
     assert_eq!(
         addr["port_value"].as_u64(),

@@ -87,7 +87,10 @@ async fn every_metric_the_dashboard_queries_is_exported() {
         "sluice_config_reloads_total{result=\"ok\"} 0",
         "sluice_decisions_total{policy=\"api\",outcome=\"denied\"} 0",
     ] {
-        assert!(fresh.lines().any(|l| l == zero), "no line {zero:?} in\n{fresh}");
+        assert!(
+            fresh.lines().any(|l| l == zero),
+            "no line {zero:?} in\n{fresh}"
+        );
     }
     let check = |who: &'static str| {
         let c = c.clone();

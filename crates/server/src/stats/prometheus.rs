@@ -55,7 +55,8 @@ pub fn zero_series<'a>(policies: impl Iterator<Item = &'a str>, store: &'static 
             metrics::counter!("sluice_decisions_total", "policy" => policy.to_string(), "outcome" => *outcome)
                 .increment(0);
         }
-        let _ = metrics::histogram!("sluice_decision_duration_seconds", "policy" => policy.to_string());
+        let _ =
+            metrics::histogram!("sluice_decision_duration_seconds", "policy" => policy.to_string());
         let _ = metrics::histogram!("sluice_store_call_duration_seconds", "policy" => policy.to_string());
     }
     let _ = metrics::histogram!("sluice_store_duration_seconds", "store" => store);
