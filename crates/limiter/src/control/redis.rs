@@ -296,7 +296,10 @@ impl RedisControl {
         let keys = [self.hash(table), &self.log, &self.expiry];
         let fields: Vec<String> = entries.iter().map(ListEntry::text).collect();
         let before = self.values_before(keys[0], &fields).await?;
-        let size = match self.store.command(redis::cmd("HLEN").arg(keys[0])).await? {
+        let size = match self
+            .read_again_on_timeout(redis::cmd("HLEN").arg(keys[0]))
+            .await?
+        {
             Value::Int(n) => n.max(0) as u64,
             other => {
                 return Err(StoreError::Backend(format!("HLEN answered {other:?}")).into());
@@ -365,7 +368,7 @@ impl RedisControl {
             for f in chunk {
                 cmd.arg(f.as_str());
             }
-            match self.store.command(&cmd).await? {
+            match self.read_again_on_timeout(&cmd).await? {
                 Value::Array(items) if items.len() == chunk.len() => {
                     values.extend(items.iter().map(text));
                 }
@@ -421,6 +424,18 @@ impl RedisControl {
         let mut attempt = 0;
         loop {
             match self.eval(script, keys, args).await {
+                Err(StoreError::Timeout(_)) if attempt < 2 => attempt += 1,
+                other => return other,
+            }
+        }
+    }
+
+    /// A read (`HLEN`, `HMGET`) sent again (twice at most) when its answer was lost to a
+    /// timeout, as the import's scripts are: a bulk import must not fail on one slow reply.
+    async fn read_again_on_timeout(&self, cmd: &redis::Cmd) -> Result<Value, StoreError> {
+        let mut attempt = 0;
+        loop {
+            match self.store.command(cmd).await {
                 Err(StoreError::Timeout(_)) if attempt < 2 => attempt += 1,
                 other => return other,
             }
