@@ -11,15 +11,15 @@
 //! The store is the embedded one unless the file names Redis, Valkey or a Cluster.
 //!
 //! # Layout
-//! - [`config`]: the TOML file, checked with `FILE:LINE: field: message` errors.
-//! - [`envoy`]: Envoy domains in envoyproxy/ratelimit YAML, descriptor matching, planning (pure).
+//! - [`config`] (the `sluice-config` crate, shared with the Python and Node packages): the TOML
+//!   file, checked with `FILE:LINE: field: message` errors; [`envoy`] and [`limits`] live there too.
 //! - [`state`]: the running configuration and limiter, swapped whole on reload; metrics.
 //! - [`stats`]: live statistics for the console, `/v1/stats` and `sluice top` (heavy
 //!   hitters, per-policy counters of the last minutes, store latency).
 //! - [`api`]: the HTTP listener (decision API, health, metrics, admin).
 //! - [`rls`]: the Envoy `ShouldRateLimit` gRPC service.
 //! - [`proxy`]: the reverse proxy.
-//! - [`limits`], [`listener`]: connection discipline on every listener (timeouts, head size,
+//! - [`listener`] (with [`limits`]): connection discipline on every listener (timeouts, head size,
 //!   global and per-IP connection caps with a reserve for health and admin).
 //! - [`reload`]: SIGHUP, file watching, `/admin/reload`.
 //! - `ui`: the operator console at `/ui`, its assets compiled in.
@@ -28,9 +28,6 @@
 
 pub mod api;
 pub mod cli;
-pub mod config;
-pub mod envoy;
-pub mod limits;
 pub mod listener;
 pub mod proxy;
 pub mod reload;
@@ -40,8 +37,6 @@ pub mod stats;
 pub mod testing;
 mod ui;
 
-/// The former name of [`envoy`], kept so existing paths keep compiling.
-pub use envoy as descriptors;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -49,7 +44,9 @@ use std::sync::Arc;
 
 use tokio::net::TcpListener;
 
-pub use config::{Config, ConfigError, ConfigErrors};
+/// The configuration file, read by [`sluice_config`] (shared with the Python and Node packages).
+pub use sluice_config as config;
+pub use sluice_config::{Config, ConfigError, ConfigErrors, envoy, limits};
 pub use state::Shared;
 
 /// Why the server could not start or stopped with an error.

@@ -303,7 +303,7 @@ pub(super) fn check_control(
 
 #[cfg(test)]
 mod tests {
-    use crate::config::Config;
+    use crate::Config;
     use sluice::{Algorithm, ListEntry};
 
     const BASE: &str = r#"

@@ -18,9 +18,13 @@
 //! [`Rate`]: sluice::Rate
 //! [`Algorithm`]: sluice::Algorithm
 
+#![forbid(unsafe_code)]
+
 mod check;
 pub mod control;
-mod envoy;
+mod envoy_section;
+pub mod envoy;
+pub mod limits;
 pub mod error;
 mod identity;
 pub mod policy;
@@ -42,10 +46,10 @@ use sluice::{FailureMode, Policy};
 use sluice_http::headers::HeaderOptions;
 use sluice_http::{IdentitySource as LayerSource, TrustedProxies};
 
-use crate::descriptors::Domains;
+use crate::envoy::Domains;
 use crate::limits::{ConnectionLimits, GrpcLimits};
 
-pub use envoy::load_domain_yaml;
+pub use envoy_section::load_domain_yaml;
 pub use error::{ConfigError, ConfigErrors, field_at, line_of};
 pub use identity::IdentitySource;
 pub use routes::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT};
@@ -343,7 +347,7 @@ fn parse(
     let policies = policy::check_policies(&mut ck, &raw, store.failure_mode, jwt.as_ref());
     let routes = routes::check_routes(&mut ck, &raw);
     let proxy = routes::check_proxy(&mut ck, &raw.proxy);
-    let envoy = envoy::check_envoy(&mut ck, &raw, dir);
+    let envoy = envoy_section::check_envoy(&mut ck, &raw, dir);
     let control = control::check_control(&mut ck, &raw, &policies);
 
     let mut errors = ck.errors;

@@ -7,7 +7,7 @@
 //! - [`tree`]: the domains compiled into lookup trees; matching follows the reference service.
 //! - [`plan`]: one request's descriptors turned into the checks to run.
 //!
-//! Everything here is pure: no sockets, no store. [`crate::rls`] runs the plan.
+//! Everything here is pure: no sockets, no store. `sluice_server::rls` runs the plan.
 
 pub mod file;
 pub mod plan;

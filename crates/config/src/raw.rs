@@ -9,7 +9,7 @@ use toml::Spanned;
 
 use super::control::{ParamsText, RawBan, RawControl, RawLists};
 use super::identity::{RawIdentity, RawJwt};
-use crate::descriptors::DomainFile;
+use crate::envoy::DomainFile;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -2,7 +2,7 @@
 //! over, or a check of one policy for one identity at one cost).
 //!
 //! Each distinct set of descriptor values gets its own counter, because the identity is built
-//! from the request's own entries. [`crate::rls`] turns a plan into store calls.
+//! from the request's own entries. `sluice_server::rls` turns a plan into store calls.
 
 use std::collections::HashSet;
 use std::fmt::Write as _;

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use super::error::{Checker, ConfigError};
 use super::raw::RawConfig;
-use crate::descriptors::{DomainFile, Domains};
+use crate::envoy::{DomainFile, Domains};
 
 /// The checked `[envoy]` section.
 pub(super) struct EnvoySection {
