@@ -1,10 +1,10 @@
-//! The control rows `rls_control.rs` leaves out, through the Envoy rate limit service over
-//! real gRPC on loopback: an override of an Envoy limit's policy, a ban scoped to it, and
-//! `/v1/state` (read, reset), `/v1/charge` and `/v1/refund` on it, first on the embedded
-//! store, then on two `sluice serve` instances sharing a Redis Cluster (an override, a reset,
-//! a deny entry, a charge, a refund and a ban made through one are obeyed by the other's RLS
-//! answers).
-#![cfg(feature = "testing")]
+//! The control plane in the answers of the Envoy rate limit service, over real gRPC on
+//! loopback: a deny-listed client address and a banned descriptor are `OVER_LIMIT` with
+//! `X-Sluice-Reason`, an allow-listed one is never limited; an override of an Envoy limit's
+//! policy, a ban scoped to it, and `/v1/state` (read, reset), `/v1/charge` and `/v1/refund` on
+//! it, first on the embedded store, then on two `sluice serve` instances sharing a Redis
+//! Cluster (an override, a reset, a deny entry, a charge, a refund and a ban made through one
+//! are obeyed by the other's RLS answers).
 
 mod common;
 
@@ -106,6 +106,51 @@ where
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("{what}: not within {limit:?}");
+}
+
+#[tokio::test]
+async fn banned_and_denied_descriptors_are_over_limit_with_the_reason() {
+    let toml = format!("{}[lists]\ndeny = [\"192.0.2.0/24\"]\n", config(""));
+    let s = start_with(&toml, &[("edge.yaml", DOMAIN)]).await;
+    let mut c = RateLimitServiceClient::connect(s.grpc_url()).await.unwrap();
+
+    // The file's deny network matches the remote_address descriptor.
+    let r = ask(&mut c, "192.0.2.44").await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(r.statuses[0].code, Code::OverLimit as i32);
+    assert_eq!(header(&r, "X-Sluice-Reason"), Some("denied"));
+    assert_eq!(
+        header(&r, "Retry-After"),
+        None,
+        "waiting does not cure a deny"
+    );
+
+    // A ban of the descriptor's identity, with the time left.
+    let admitted = ask(&mut c, "10.0.0.7").await;
+    assert_eq!(admitted.overall_code, Code::Ok as i32);
+    assert_eq!(header(&admitted, "X-Sluice-Reason"), None);
+    call(
+        &s,
+        Method::POST,
+        "/v1/bans",
+        json!({"identity": who("10.0.0.7"), "duration": "90s"}),
+    )
+    .await;
+    let r = ask(&mut c, "10.0.0.7").await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(header(&r, "X-Sluice-Reason"), Some("banned"));
+    assert_eq!(header(&r, "Retry-After"), Some("90"));
+
+    // An allowed network is never over its limit of 2.
+    call(
+        &s,
+        Method::POST,
+        "/v1/lists/allow",
+        json!({"entry": "10.1.0.0/16"}),
+    )
+    .await;
+    assert_eq!(oks(&mut c, "10.1.2.3", 5).await, 5);
+    s.stop().await;
 }
 
 #[tokio::test]
