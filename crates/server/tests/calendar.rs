@@ -1,7 +1,6 @@
 //! Calendar windows in the configuration (`window = "1 month"`) served by a real
 //! `sluice serve`: the answer's reset and the `RateLimit` header count to the next calendar
 //! boundary, and a rate "per month" says where the calendar window is.
-#![cfg(feature = "testing")]
 
 mod common;
 

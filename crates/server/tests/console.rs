@@ -1,7 +1,6 @@
 //! The operator console end to end: `GET /v1/stats` over real HTTP on the embedded store and
 //! on a real redis-server, the page and its embedded assets, and the page itself in a real
 //! headless Chromium driven over WebDriver (chromedriver) while traffic flows.
-#![cfg(feature = "testing")]
 
 mod common;
 

@@ -1,7 +1,6 @@
 //! Overrides and plans, bans and allow/deny lists through `/v1/*` over real HTTP on loopback:
 //! on the embedded store, and on two `sluice serve` instances sharing one redis-server (a
 //! change made through one is obeyed by the other within a second).
-#![cfg(feature = "testing")]
 
 mod common;
 

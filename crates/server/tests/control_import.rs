@@ -3,7 +3,6 @@
 //! table answers 409 naming the table and its maximum, a prefix length beyond the family's is
 //! refused; on two `sluice serve` instances sharing one redis-server, an import through one
 //! is in force on the other within a second and both report their snapshot's age.
-#![cfg(feature = "testing")]
 
 mod common;
 

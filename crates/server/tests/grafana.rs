@@ -2,7 +2,6 @@
 //! metric name in its queries is found in `/metrics` of a real server on a real redis-server,
 //! first while it is fresh (no request yet: every panel must show 0, not "No data"), then
 //! after traffic, a reload and the store's loss.
-#![cfg(feature = "testing")]
 
 mod common;
 

@@ -1,6 +1,5 @@
 //! `/v1/state` (read and reset), `/v1/charge` and `/v1/refund` over real HTTP on loopback,
 //! on the embedded store and on two `sluice serve` instances sharing one redis-server.
-#![cfg(feature = "testing")]
 
 mod common;
 
