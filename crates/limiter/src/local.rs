@@ -10,7 +10,7 @@
 //! the first failure and is never merged back: once the store answers again (the circuit
 //! breaker's probe succeeds), decisions come from it, with its own state as it was.
 
-use sluice_core::{Algorithm, CheckItem, LeaseId, MultiDecision, Rate};
+use sluice_core::{Algorithm, CheckItem, LeaseId, MultiDecision};
 
 /// The share of a policy's limit one instance may admit on its own in local mode.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -47,54 +47,10 @@ impl LocalShare {
         ((v as f64 * self.0).floor() as u64).clamp(1, v.max(1))
     }
 
-    fn scale_rate(self, rate: Rate) -> Rate {
-        Rate::new(self.scale(rate.amount), rate.per_ms)
-    }
-
-    /// `algorithm` with its limit (capacity, burst, rate) scaled by the share.
+    /// `algorithm` with its limit (capacity, burst + 1, limit, rate) scaled by the share
+    /// ([`Algorithm::scaled`], the scaling sharding uses too).
     pub fn apply(self, algorithm: &Algorithm) -> Algorithm {
-        match *algorithm {
-            Algorithm::TokenBucket { capacity, rate } => Algorithm::TokenBucket {
-                capacity: self.scale(capacity),
-                rate: self.scale_rate(rate),
-            },
-            // GCRA admits burst + 1 at once: that is the quantity scaled.
-            Algorithm::Gcra { rate, burst } => Algorithm::Gcra {
-                rate: self.scale_rate(rate),
-                burst: self.scale(burst.saturating_add(1)) - 1,
-            },
-            Algorithm::LeakyBucket {
-                capacity,
-                rate,
-                mode,
-            } => Algorithm::LeakyBucket {
-                capacity: self.scale(capacity),
-                rate: self.scale_rate(rate),
-                mode,
-            },
-            Algorithm::FixedWindow { limit, window_ms } => Algorithm::FixedWindow {
-                limit: self.scale(limit),
-                window_ms,
-            },
-            Algorithm::CalendarWindow { limit, period } => Algorithm::CalendarWindow {
-                limit: self.scale(limit),
-                period,
-            },
-            Algorithm::SlidingWindowCounter { limit, window_ms } => {
-                Algorithm::SlidingWindowCounter {
-                    limit: self.scale(limit),
-                    window_ms,
-                }
-            }
-            Algorithm::SlidingWindowLog { limit, window_ms } => Algorithm::SlidingWindowLog {
-                limit: self.scale(limit),
-                window_ms,
-            },
-            Algorithm::Concurrency { limit, lease_ms } => Algorithm::Concurrency {
-                limit: self.scale(limit),
-                lease_ms,
-            },
-        }
+        algorithm.scaled(|v| self.scale(v))
     }
 }
 
@@ -172,6 +128,7 @@ impl LocalFallback {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_core::Rate;
 
     #[test]
     fn shares_scale_limits_down_to_at_least_one() {

@@ -23,20 +23,12 @@ local function capped(x)
   return x
 end
 
+-- Each state is read at `now` by the same reader its check step uses (tb_tokens, gcra_tat,
+-- lb_level, fw_window, swc_window), so the refill and window formulas are written once.
 ADJUST.tb = function(key, now, charge, cost, pad, cap, r, p)
   local full = cap * p
   local now_ms = floor(now / 1000)
-  local tokens = full
-  local v = get_string(key)
-  if v then
-    local t, last = tb_state(v)
-    if t then
-      local elapsed = math.max(0, now_ms - last)
-      if elapsed < cdiv(math.max(0, full - t), r) then
-        tokens = t + elapsed * r
-      end
-    end
-  end
+  local tokens = tb_tokens(get_string(key), now_ms, full, r)
   local left
   if charge then
     left = math.max(0, tokens - cost * p)
@@ -51,14 +43,7 @@ ADJUST.tb = function(key, now, charge, cost, pad, cap, r, p)
 end
 
 ADJUST.gcra = function(key, now, charge, cost, pad, t)
-  local tat = now
-  local v = get_string(key)
-  if v then
-    local x = gcra_state(v)
-    if x and x > now then
-      tat = x
-    end
-  end
+  local tat = gcra_tat(get_string(key), now)
   if charge then
     tat = capped(tat + t * cost)
   else
@@ -73,18 +58,7 @@ end
 
 ADJUST.lb = function(key, now, charge, cost, pad, _, r, p)
   local now_ms = floor(now / 1000)
-  local level = 0
-  local v = get_string(key)
-  if v then
-    local l, last = string.match(v, '^l(%d+):(%d+)$')
-    if l then
-      l, last = tonumber(l), tonumber(last)
-      local elapsed = math.max(0, now_ms - last)
-      if elapsed < cdiv(l, r) then
-        level = l - elapsed * r
-      end
-    end
-  end
+  local level = lb_level(get_string(key), now_ms, r)
   if charge then
     level = capped(level + cost * p)
   else
@@ -93,7 +67,7 @@ ADJUST.lb = function(key, now, charge, cost, pad, _, r, p)
   if level == 0 then
     call('DEL', key)
   else
-    put_string(key, string.format('l%d:%d', level, now_ms), cdiv(level, r), pad)
+    put_string(key, lb_value(level, now_ms), cdiv(level, r), pad)
   end
 end
 
@@ -106,51 +80,22 @@ local function moved_count(count, charge, cost)
 end
 
 ADJUST.fw = function(key, now, charge, cost, pad, _, w, calendar)
-  local now_ms = floor(now / 1000)
-  local stored, count = nil, 0
-  local v = get_string(key)
-  if v then
-    local s, c = string.match(v, '^f(%d+):(%d+)$')
-    if s then
-      stored, count = tonumber(s), tonumber(c)
-      now_ms = math.max(now_ms, stored)
-    end
-  end
-  local start, finish = window_bounds(calendar, now_ms, w)
-  if stored ~= start then
-    count = 0
-  end
+  local now_ms, start, finish, count = fw_window(get_string(key), floor(now / 1000), w, calendar)
   count = moved_count(count, charge, cost)
   if count == 0 then
     call('DEL', key)
   else
-    put_string(key, string.format('f%d:%d', start, count), finish - now_ms, pad)
+    put_string(key, fw_value(start, count), finish - now_ms, pad)
   end
 end
 
 ADJUST.swc = function(key, now, charge, cost, pad, _, w)
-  local now_ms = floor(now / 1000)
-  local stored, sc, sp = nil, 0, 0
-  local v = get_string(key)
-  if v then
-    local s, c, pr = string.match(v, '^s(%d+):(%d+):(%d+)$')
-    if s then
-      stored, sc, sp = tonumber(s), tonumber(c), tonumber(pr)
-      now_ms = math.max(now_ms, stored)
-    end
-  end
-  local start = fdiv(now_ms, w) * w
-  local curr, prev = 0, 0
-  if stored == start then
-    curr, prev = sc, sp
-  elseif stored == start - w then
-    prev = sc
-  end
+  local now_ms, start, curr, prev = swc_window(get_string(key), floor(now / 1000), w)
   curr = moved_count(curr, charge, cost)
   if curr == 0 and prev == 0 then
     call('DEL', key)
   else
-    put_string(key, string.format('s%d:%d:%d', start, curr, prev), start + 2 * w - now_ms, pad)
+    put_string(key, swc_value(start, curr, prev), start + 2 * w - now_ms, pad)
   end
 end
 

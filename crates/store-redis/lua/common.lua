@@ -14,9 +14,13 @@ local function pcall_(...)
   return redis.pcall(...)
 end
 
--- Exact floor(a / b) for 0 <= a < 2^53, b >= 1.
+-- Exact floor(a / b) for 0 <= a < 2^53, b >= 1; free when b = 1 (a rate reduced to one unit
+-- per ms), and math.floor called directly: the divisions are most of a decision's own Lua.
 local function fdiv(a, b)
-  local q = floor(a / b)
+  if b == 1 then
+    return a
+  end
+  local q = math.floor(a / b)
   if q * b > a then
     q = q - 1
   elseif (q + 1) * b <= a then
@@ -27,6 +31,9 @@ end
 
 -- Exact ceil(a / b) for 0 <= a < 2^53, b >= 1.
 local function cdiv(a, b)
+  if b == 1 then
+    return a
+  end
   local q = fdiv(a, b)
   if q * b < a then
     q = q + 1
@@ -205,6 +212,46 @@ end
 -- CHECK[code](key, now_us, cost, p1, p2, p3, p4, token) returns a decision row and, when the
 -- decision writes, a function(pad) doing the write.
 local CHECK = {}
+
+-- The algorithms whose state is one string (the registry's `step`) register their decision
+-- here instead, as a step with no Redis command of its own:
+--   STEP[code](v, now_us, cost, p1, p2, p3, p4)
+-- where v is the stored value (nil or false when absent or of another type), returns
+--   verdict (0 admitted, n > 0 limited with retry after n ms, -1 the cost exceeds the limit),
+--   limit, remaining, reset_after_ms, delay_ms,
+-- and, when the admission changes the state, the value to write and its TTL in ms. The
+-- one-key check (check_of below), the one-policy batch loop (batch_step.lua) and charge and
+-- refund (adjust.lua, through the same state readers) all run these, so each algorithm's
+-- formula is written once.
+local STEP = {}
+
+-- A limited verdict: the retry, at least 1 ms (0 is the admitted verdict).
+local function retry_of(ms)
+  if ms < 1 then
+    return 1
+  end
+  return ms
+end
+
+-- The CHECK entry of a step: one GET, the step, and the SET it asks for.
+local function check_of(step)
+  return function(key, now, cost, p1, p2, p3, p4)
+    local verdict, limit, remaining, reset, delay, value, ttl =
+      step(get_string(key), now, cost, p1, p2, p3, p4)
+    if verdict < 0 then
+      return too_costly(limit, remaining, reset)
+    elseif verdict > 0 then
+      return limited(limit, remaining, verdict, reset)
+    end
+    local d = allow(limit, remaining, reset, delay)
+    if value then
+      return d, function(pad)
+        put_string(key, value, ttl, pad)
+      end
+    end
+    return d
+  end
+end
 
 -- The 7 arguments of item i start here: code, cost, p1, p2, p3, p4, token.
 local function item_base(i)

@@ -5,15 +5,16 @@
 -- 2 ISO week, 3 month: the window's bounds come from the calendar, see window_bounds).
 -- State: string `f<window_start>:<count>`.
 -- Redis commands per decision: GET, then SET PX when admitted with cost > 0 (2 at most).
-CHECK.fw = function(key, now, cost, limit, w, calendar)
-  local now_ms = floor(now / 1000)
+
+-- The window of stored value v at now_ms: the time it is judged at (a clock behind the
+-- stored window stands at its start, so nothing is refunded), the window's start and end,
+-- and its count (0 for a value of an earlier window, or none).
+local function fw_window(v, now_ms, w, calendar)
   local stored, count = nil, 0
-  local v = get_string(key)
   if v then
     local s, c = string.match(v, '^f(%d+):(%d+)$')
     if s then
       stored, count = tonumber(s), tonumber(c)
-      -- A clock behind the stored window stands at its start: nothing is refunded.
       if stored > now_ms then
         now_ms = stored
       end
@@ -23,25 +24,39 @@ CHECK.fw = function(key, now, cost, limit, w, calendar)
   if stored ~= start then
     count = 0
   end
+  return now_ms, start, finish, count
+end
+
+local function fw_value(start, count)
+  return string.format('f%d:%d', start, count)
+end
+
+STEP.fw = function(v, now, cost, limit, w, calendar)
+  local now_ms, start, finish, count = fw_window(v, floor(now / 1000), w, calendar)
   local left = finish - now_ms
-  local function reset_of(c)
-    if c > 0 then
-      return left
-    end
-    return 0
+  local remaining = limit - count
+  if remaining < 0 then
+    remaining = 0
+  end
+  local reset = 0
+  if count > 0 then
+    reset = left
   end
   if cost > limit then
-    return too_costly(limit, math.max(0, limit - count), reset_of(count))
+    return -1, limit, remaining, reset, 0
   end
   if count + cost > limit then
-    return limited(limit, math.max(0, limit - count), left, reset_of(count))
+    return retry_of(left), limit, remaining, reset, 0
   end
   local after = count + cost
-  local d = allow(limit, limit - after, reset_of(after))
+  if after > 0 then
+    reset = left
+  else
+    reset = 0
+  end
   if cost == 0 then
-    return d
+    return 0, limit, limit - after, reset, 0
   end
-  return d, function(pad)
-    put_string(key, string.format('f%d:%d', start, after), left, pad)
-  end
+  return 0, limit, limit - after, reset, 0, fw_value(start, after), left
 end
+CHECK.fw = check_of(STEP.fw)

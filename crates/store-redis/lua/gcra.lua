@@ -3,52 +3,49 @@
 -- Item parameters: p1 = emission interval T (µs, >= 1), p2 = burst. State: string, the TAT in µs
 -- (gcra_state, gcra_value).
 -- Redis commands per decision: GET, then SET PX when admitted with cost > 0 (2 at most).
-CHECK.gcra = function(key, now, cost, t, burst)
-  local tolerance = t * (burst + 1)
-  local increment = t * cost
-  local tat = now
-  local v = get_string(key)
+
+-- The TAT (µs) of stored value v at `now`: never before `now` (a TAT in the past, or none,
+-- is the bucket at rest).
+local function gcra_tat(v, now)
   if v then
     local x = gcra_state(v)
-    if x then
-      tat = x
+    if x and x > now then
+      return x
     end
   end
-  local base = tat
-  if now > base then
-    base = now
+  return now
+end
+
+-- Requests that would still conform `ttl` µs before the TAT reaches the tolerance.
+local function gcra_remaining(tolerance, ttl, t)
+  local nxt = tolerance - ttl
+  if nxt > 0 then
+    return fdiv(nxt, t)
   end
-  local new_tat = base + increment
+  return 0
+end
+
+STEP.gcra = function(v, now, cost, t, burst)
+  local tolerance = t * (burst + 1)
+  local increment = t * cost
+  local tat = gcra_tat(v, now)
+  local new_tat = tat + increment
   local diff = now - (new_tat - tolerance)
   local limit = burst + 1
-  local ttl
-  local d
   if diff < 0 then
-    ttl = tat - now
-    if ttl < 0 then
-      ttl = 0
-    end
-    local nxt = tolerance - ttl
-    local remaining = 0
-    if nxt > 0 then
-      remaining = fdiv(nxt, t)
-    end
+    local ttl = tat - now
+    local remaining = gcra_remaining(tolerance, ttl, t)
     if increment <= tolerance then
-      return limited(limit, remaining, cdiv(-diff, 1000), cdiv(ttl, 1000))
+      return retry_of(cdiv(-diff, 1000)), limit, remaining, cdiv(ttl, 1000), 0
     end
-    return too_costly(limit, remaining, cdiv(ttl, 1000))
+    return -1, limit, remaining, cdiv(ttl, 1000), 0
   end
-  ttl = new_tat - now
-  local nxt = tolerance - ttl
-  local remaining = 0
-  if nxt > 0 then
-    remaining = fdiv(nxt, t)
-  end
-  d = allow(limit, remaining, cdiv(ttl, 1000))
+  local ttl = new_tat - now
+  local reset = cdiv(ttl, 1000)
+  local remaining = gcra_remaining(tolerance, ttl, t)
   if cost == 0 then
-    return d
+    return 0, limit, remaining, reset, 0
   end
-  return d, function(pad)
-    put_string(key, gcra_value(new_tat), cdiv(ttl, 1000), pad)
-  end
+  return 0, limit, remaining, reset, 0, gcra_value(new_tat), reset
 end
+CHECK.gcra = check_of(STEP.gcra)

@@ -3,11 +3,9 @@
 -- Item parameters: p1 = capacity C, p2 = R, p3 = P (drain of R units per ms, one request of
 -- cost 1 = P units), p4 = 1 for shaping, 0 for policing. State: string `l<level>:<last_ms>`.
 -- Redis commands per decision: GET, then SET PX when admitted with cost > 0 (2 at most).
-CHECK.lb = function(key, now, cost, cap, r, p, shaping)
-  local full = cap * p
-  local now_ms = floor(now / 1000)
-  local level = 0
-  local v = get_string(key)
+
+-- The level (units) of stored value v at now_ms, drained at r units per ms; 0 when absent.
+local function lb_level(v, now_ms, r)
   if v then
     local l, last = string.match(v, '^l(%d+):(%d+)$')
     if l then
@@ -17,16 +15,27 @@ CHECK.lb = function(key, now, cost, cap, r, p, shaping)
         elapsed = 0
       end
       if elapsed < cdiv(l, r) then
-        level = l - elapsed * r
+        return l - elapsed * r
       end
     end
   end
+  return 0
+end
+
+local function lb_value(level, now_ms)
+  return string.format('l%d:%d', level, now_ms)
+end
+
+STEP.lb = function(v, now, cost, cap, r, p, shaping)
+  local full = cap * p
+  local now_ms = floor(now / 1000)
+  local level = lb_level(v, now_ms, r)
   if cost > cap then
-    return too_costly(cap, fdiv(full - level, p), cdiv(level, r))
+    return -1, cap, fdiv(full - level, p), cdiv(level, r), 0
   end
   local need = cost * p
   if level + need > full then
-    return limited(cap, fdiv(full - level, p), cdiv(level + need - full, r), cdiv(level, r))
+    return retry_of(cdiv(level + need - full, r)), cap, fdiv(full - level, p), cdiv(level, r), 0
   end
   local delay = 0
   if shaping == 1 then
@@ -34,11 +43,9 @@ CHECK.lb = function(key, now, cost, cap, r, p, shaping)
   end
   local after = level + need
   local reset = cdiv(after, r)
-  local d = allow(cap, fdiv(full - after, p), reset, delay)
   if cost == 0 then
-    return d
+    return 0, cap, fdiv(full - after, p), reset, delay
   end
-  return d, function(pad)
-    put_string(key, string.format('l%d:%d', after, now_ms), reset, pad)
-  end
+  return 0, cap, fdiv(full - after, p), reset, delay, lb_value(after, now_ms), reset
 end
+CHECK.lb = check_of(STEP.lb)

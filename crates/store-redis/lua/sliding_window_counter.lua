@@ -4,28 +4,38 @@
 --
 -- Item parameters: p1 = limit L, p2 = window W (ms). State: string `s<start>:<curr>:<prev>`.
 -- Redis commands per decision: GET, then SET PX when admitted with cost > 0 (2 at most).
-CHECK.swc = function(key, now, cost, limit, w)
-  local now_ms = floor(now / 1000)
+
+-- The windows of stored value v at now_ms: the time they are judged at (a clock behind the
+-- stored window stands at its start, so nothing is refunded), the current window's start and
+-- the counts of the current and the previous window.
+local function swc_window(v, now_ms, w)
   local stored, sc, sp = nil, 0, 0
-  local v = get_string(key)
   if v then
     local s, c, pr = string.match(v, '^s(%d+):(%d+):(%d+)$')
     if s then
       stored, sc, sp = tonumber(s), tonumber(c), tonumber(pr)
-      -- A clock behind the stored window stands at its start: nothing is refunded.
       if stored > now_ms then
         now_ms = stored
       end
     end
   end
   local start = fdiv(now_ms, w) * w
-  local e = now_ms - start
   local curr, prev = 0, 0
   if stored == start then
     curr, prev = sc, sp
   elseif stored == start - w then
     prev = sc
   end
+  return now_ms, start, curr, prev
+end
+
+local function swc_value(start, curr, prev)
+  return string.format('s%d:%d:%d', start, curr, prev)
+end
+
+STEP.swc = function(v, now, cost, limit, w)
+  local now_ms, start, curr, prev = swc_window(v, floor(now / 1000), w)
+  local e = now_ms - start
   local weighted = fdiv(prev * (w - e), w)
   local estimate = weighted + curr
   local function reset_of(cu)
@@ -43,7 +53,7 @@ CHECK.swc = function(key, now, cost, limit, w)
     return limit - est
   end
   if cost > limit then
-    return too_costly(limit, remaining_of(estimate), reset_of(curr))
+    return -1, limit, remaining_of(estimate), reset_of(curr), 0
   end
   if estimate + cost > limit then
     local retry
@@ -60,15 +70,13 @@ CHECK.swc = function(key, now, cost, limit, w)
       end
       retry = (w - e) + extra
     end
-    return limited(limit, remaining_of(estimate), retry, reset_of(curr))
+    return retry_of(retry), limit, remaining_of(estimate), reset_of(curr), 0
   end
   local after = curr + cost
   local reset = reset_of(after)
-  local d = allow(limit, remaining_of(estimate + cost), reset)
   if cost == 0 then
-    return d
+    return 0, limit, remaining_of(estimate + cost), reset, 0
   end
-  return d, function(pad)
-    put_string(key, string.format('s%d:%d:%d', start, after, prev), reset, pad)
-  end
+  return 0, limit, remaining_of(estimate + cost), reset, 0, swc_value(start, after, prev), reset
 end
+CHECK.swc = check_of(STEP.swc)

@@ -8,15 +8,16 @@
 //! calls arriving in the same microsecond would be decided. A lone check goes out at once as a
 //! batch of one: batching never waits for company.
 //!
-//! A batch of one policy (the common case: one limit on many identities) goes to that
-//! algorithm's own script (`lua/batch_<algorithm>.lua`): the parameters once per call, per
-//! item only the key (and the cost when any item costs more than 1), one `MGET`, and one
-//! write per distinct key, since the per-item dispatch and argument parsing of the generic
-//! `lua/batch.lua` cost Redis more than the decision. Mixed batches keep `lua/batch.lua`.
+//! A batch of one policy (the common case: one limit on many identities) of an algorithm
+//! with a Lua step (the registry's `step`) goes to `lua/batch_step.lua`: one loop running the
+//! algorithm's step per item, the parameters once per call, per item only the key (and the
+//! cost when any item costs more than 1), one `MGET`, and one write per distinct key, since
+//! the per-item dispatch and argument parsing of the generic `lua/batch.lua` cost Redis more
+//! than the decision. Mixed batches keep `lua/batch.lua`.
 //!
 //! On a Cluster a batch is split per node and policy, one call each (see the one-policy
-//! scripts' Cluster form and `docs/redis.md`); only algorithms with a one-policy script are
-//! batched there.
+//! script's Cluster form and `docs/redis.md`); only algorithms with a step are batched
+//! there.
 //!
 //! Overload is not failure. The store's timeout bounds the script call alone (the runner
 //! applies it, once per [`MIN_BATCH`] items of the batch), never the time an item spends in
@@ -61,23 +62,19 @@ pub(crate) const QUEUE_CAPACITY: usize = 65_536;
 pub(crate) enum BatchScript {
     /// `lua/batch.lua`: any mix of algorithms, 7 arguments per item.
     Generic,
-    /// `lua/batch_token_bucket.lua`: one token-bucket policy.
-    TokenBucket,
-    /// `lua/batch_gcra.lua`: one GCRA policy.
-    Gcra,
-    /// `lua/batch_fixed_window.lua`: one fixed-window policy (calendar windows included).
-    FixedWindow,
-    /// `lua/batch_leaky_bucket.lua`: one leaky-bucket policy.
-    LeakyBucket,
+    /// `lua/batch_step.lua`: one policy of an algorithm with a step.
+    OnePolicy,
 }
+
+/// Reply integers per item of the one-policy script: verdict, remaining, reset, delay.
+const STEP_WIDTH: usize = 4;
 
 impl BatchScript {
     /// Reply integers per item.
     fn width(self) -> usize {
         match self {
             BatchScript::Generic => ROW,
-            BatchScript::LeakyBucket => 4,
-            _ => 3,
+            BatchScript::OnePolicy => STEP_WIDTH,
         }
     }
 }
@@ -151,23 +148,15 @@ fn overloaded(what: &str, bound: Duration) -> StoreError {
     ))
 }
 
-/// The one-policy script for `algorithm`, if it has one.
-fn one_policy_script(algorithm: &Algorithm) -> Option<BatchScript> {
-    match algorithm {
-        Algorithm::TokenBucket { .. } => Some(BatchScript::TokenBucket),
-        Algorithm::Gcra { .. } => Some(BatchScript::Gcra),
-        Algorithm::FixedWindow { .. } | Algorithm::CalendarWindow { .. } => {
-            Some(BatchScript::FixedWindow)
-        }
-        Algorithm::LeakyBucket { .. } => Some(BatchScript::LeakyBucket),
-        _ => None,
-    }
+/// Whether checks of `algorithm` can go to the one-policy script: its algorithm has a step.
+fn has_step(algorithm: &Algorithm) -> bool {
+    algorithm.algorithm_kind().info().step
 }
 
-/// Whether a Cluster store batches checks of `algorithm` (only one-policy scripts have the
+/// Whether a Cluster store batches checks of `algorithm` (only the one-policy script has the
 /// Cluster form).
 pub(crate) fn cluster_batches(algorithm: &Algorithm) -> bool {
-    one_policy_script(algorithm).is_some()
+    has_step(algorithm)
 }
 
 /// The script `items` go to: a one-policy script when every item has the same algorithm and
@@ -176,9 +165,13 @@ pub(crate) fn script_for(items: &[&Item], generic: bool) -> BatchScript {
     let Some(first) = items.first() else {
         return BatchScript::Generic;
     };
-    match one_policy_script(&first.algorithm) {
-        Some(s) if !generic && items.iter().all(|i| i.algorithm == first.algorithm) => s,
-        _ => BatchScript::Generic,
+    if !generic
+        && has_step(&first.algorithm)
+        && items.iter().all(|i| i.algorithm == first.algorithm)
+    {
+        BatchScript::OnePolicy
+    } else {
+        BatchScript::Generic
     }
 }
 
@@ -192,7 +185,7 @@ pub(crate) fn encode(
     pad: String,
     cluster: bool,
 ) -> (Vec<String>, Vec<String>) {
-    let mut args = Vec::with_capacity(8 + items.len() * 2);
+    let mut args = Vec::with_capacity(9 + items.len() * 2);
     args.push(now);
     args.push(pad);
     if script == BatchScript::Generic {
@@ -202,32 +195,10 @@ pub(crate) fn encode(
         }
         return (keys, args);
     }
-    match items[0].algorithm {
-        Algorithm::TokenBucket { capacity, rate } => {
-            let r = rate.reduced();
-            args.extend([capacity, r.amount, r.per_ms].map(|v| v.to_string()));
-        }
-        Algorithm::Gcra { rate, burst } => {
-            let t = protocol::emission_interval_us(rate.amount, rate.per_ms);
-            args.extend([t, burst].map(|v| v.to_string()));
-        }
-        Algorithm::FixedWindow { limit, window_ms } => {
-            args.extend([limit, window_ms, 0].map(|v| v.to_string()));
-        }
-        Algorithm::CalendarWindow { limit, period } => {
-            args.extend([limit, period.max_ms(), period.lua_code()].map(|v| v.to_string()));
-        }
-        Algorithm::LeakyBucket {
-            capacity,
-            rate,
-            mode,
-        } => {
-            let r = rate.reduced();
-            let shaping = u64::from(mode == sluice_core::LeakyMode::Shaping);
-            args.extend([capacity, r.amount, r.per_ms, shaping].map(|v| v.to_string()));
-        }
-        _ => unreachable!("no one-policy script for {:?}", items[0].algorithm),
-    }
+    // The algorithm's code and p1..p4, once for the whole call.
+    let algorithm = &items[0].algorithm;
+    args.push(algorithm.algorithm_kind().lua_code().to_string());
+    args.extend(algorithm.store_params().map(|v| v.to_string()));
     // Every key once (the common case on a large keyspace): the script skips its per-key
     // bookkeeping.
     let mut seen = HashSet::with_capacity(items.len());
@@ -272,24 +243,13 @@ pub(crate) fn decode(
             })
             .collect());
     }
-    let limit = match items.first().map(|i| &i.algorithm) {
-        Some(Algorithm::TokenBucket { capacity, .. }) => *capacity as i64,
-        Some(Algorithm::Gcra { burst, .. }) => *burst as i64 + 1,
-        Some(Algorithm::FixedWindow { limit, .. } | Algorithm::CalendarWindow { limit, .. }) => {
-            *limit as i64
-        }
-        Some(Algorithm::LeakyBucket { capacity, .. }) => *capacity as i64,
-        _ => 0,
-    };
+    let limit = items.first().map_or(0, |i| i.algorithm.quota() as i64);
     Ok(flat
         .chunks_exact(width)
-        .map(|r| {
-            let delay = if width > 3 { r[3] } else { 0 };
-            match r[0] {
-                0 => [1, limit, r[1], 0, r[2], delay, 0],
-                -1 => [0, limit, r[1], 0, r[2], 0, 2],
-                retry => [0, limit, r[1], retry, r[2], 0, 1],
-            }
+        .map(|r| match r[0] {
+            0 => [1, limit, r[1], 0, r[2], r[3], 0],
+            -1 => [0, limit, r[1], 0, r[2], 0, 2],
+            retry => [0, limit, r[1], retry, r[2], 0, 1],
         })
         .collect())
 }
@@ -432,7 +392,7 @@ fn split_per_node(jobs: Vec<Job>, node_of: &NodeOf) -> Vec<Vec<Job>> {
 /// a part the node refused with an error reply (a key's slot is no longer there: the node
 /// map was stale) is decided again one item per call, which the client routes (MOVED, ASK)
 /// like any unbatched call: the refusal came from a read, before any write
-/// (`lua/batch_common.lua`), so nothing was decided twice. Returns whether that happened.
+/// (`lua/batch_step.lua`), so nothing was decided twice. Returns whether that happened.
 async fn run_batch<P: Send + 'static>(
     run: Runner,
     pad: String,

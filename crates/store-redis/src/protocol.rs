@@ -1,70 +1,30 @@
 //! Encoding of check items as script arguments, and decoding of the script's reply.
 //! The contract is written on top of `lua/check.lua`.
 
-use sluice_core::{
-    Algorithm, CheckItem, Decision, DenyReason, LeakyMode, LeaseId, MultiDecision, StoreError,
-};
+use sluice_core::{Algorithm, CheckItem, Decision, DenyReason, LeaseId, MultiDecision, StoreError};
 
 /// Integers per item in the reply.
 pub(crate) const ROW: usize = 7;
 
-/// The GCRA emission interval in µs, as `docs/algorithms.md` defines it.
-pub(crate) fn emission_interval_us(amount: u64, per_ms: u64) -> u64 {
-    (per_ms as u128 * 1000 / amount.max(1) as u128).max(1) as u64
-}
-
-/// Appends the 7 arguments of one item: code, cost, p1..p4, token.
+/// Appends the 7 arguments of one item: code, cost, p1..p4 ([`Algorithm::store_params`]),
+/// token.
 pub(crate) fn push_item_args(
     args: &mut Vec<String>,
     algorithm: &Algorithm,
     cost: u64,
     token: &str,
 ) {
-    let p: [u64; 4] = match *algorithm {
-        Algorithm::TokenBucket { capacity, rate } => {
-            let r = rate.reduced();
-            [capacity, r.amount, r.per_ms, 0]
-        }
-        Algorithm::Gcra { rate, burst } => {
-            [emission_interval_us(rate.amount, rate.per_ms), burst, 0, 0]
-        }
-        Algorithm::LeakyBucket {
-            capacity,
-            rate,
-            mode,
-        } => {
-            let r = rate.reduced();
-            [
-                capacity,
-                r.amount,
-                r.per_ms,
-                u64::from(mode == LeakyMode::Shaping),
-            ]
-        }
-        Algorithm::FixedWindow { limit, window_ms }
-        | Algorithm::SlidingWindowCounter { limit, window_ms }
-        | Algorithm::SlidingWindowLog { limit, window_ms } => [limit, window_ms, 0, 0],
-        // A fixed window whose bounds the script computes from the calendar (p3).
-        Algorithm::CalendarWindow { limit, period } => {
-            [limit, period.max_ms(), period.lua_code(), 0]
-        }
-        Algorithm::Concurrency { limit, lease_ms } => [limit, lease_ms, 0, 0],
-    };
     // The code the Lua files register the algorithm under (`CHECK.<code>`).
     let code = algorithm.algorithm_kind().lua_code();
     args.push(code.to_string());
     args.push(cost.to_string());
-    args.extend(p.iter().map(u64::to_string));
+    args.extend(algorithm.store_params().iter().map(u64::to_string));
     args.push(token.to_string());
 }
 
 /// Whether an item stores a unique token (a log entry or a lease) when admitted.
 pub(crate) fn needs_token(algorithm: &Algorithm, cost: u64) -> bool {
-    cost > 0
-        && matches!(
-            algorithm,
-            Algorithm::SlidingWindowLog { .. } | Algorithm::Concurrency { .. }
-        )
+    algorithm.stores_member(cost)
 }
 
 /// The member a log entry or lease is stored under: `<id>` for cost 1, `<id>#<cost>` above, so
@@ -103,8 +63,7 @@ pub(crate) fn decode(
         };
         let allowed = r[0] == 1;
         let lease =
-            (allowed && item.cost > 0 && matches!(item.algorithm, Algorithm::Concurrency { .. }))
-                .then(|| LeaseId(tokens[i].clone()));
+            (allowed && item.algorithm.takes_lease(item.cost)).then(|| LeaseId(tokens[i].clone()));
         decisions.push(Decision {
             allowed,
             limit: u(r[1]),

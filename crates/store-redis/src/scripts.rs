@@ -1,15 +1,29 @@
-//! The Lua sources, assembled at compile time from the files in `lua/`.
+//! The Lua sources, composed once per process from the pieces in `lua/`.
 //!
-//! Each algorithm's logic lives in exactly one file; a script is `common.lua` (helpers, the
-//! server-clock read and the per-item call) + the algorithm files it needs + `check.lua` + a
-//! `return`. The multi script (every algorithm) serves multi-limit checks, each
-//! single-algorithm script the common one-limit check, and the function library wraps the same
-//! text for `FUNCTION LOAD` / `FCALL`.
+//! Each algorithm's decision is written once, in its own file (`lua/<algorithm>.lua`). The
+//! algorithms whose state is one string (the registry's `step`: token bucket, GCRA, leaky
+//! bucket, fixed and calendar windows, sliding counter) write it as a step, `STEP.<code>`:
+//! stored value in, decision and new value out, with no Redis command of its own. Their
+//! one-key check (`CHECK.<code>`, one GET and one SET around the step), the one-policy batch
+//! loop (`lua/batch_step.lua`) and charge and refund (`lua/adjust.lua`, through the same
+//! state readers such as the token bucket's refill `tb_tokens`) all run that one text. The
+//! sliding log and concurrency keep sorted sets and several commands per decision; they
+//! write `CHECK.<code>` directly and are not batched per policy.
 //!
-//! Which algorithms exist, their names and the codes the Lua files register them under come
-//! from [`sluice_core::algorithm::registry`]: [`algorithm_source`] and [`single`] map every
-//! registry entry to its file and script (an exhaustive match, so a new algorithm cannot be
-//! forgotten here), and a test holds each file to its registry code.
+//! A script is `common.lua` (helpers, the server-clock read, the `STEP`/`CHECK` tables) +
+//! the algorithm files it needs + its entry file (`check.lua`, `batch.lua`,
+//! `batch_step.lua`, `release.lua`, `adjust.lua`) + a `return`. The composed text is what is
+//! sent and hashed: every script's SHA is computed from it (`store.rs`), so a changed piece
+//! changes every script that holds it. The function library wraps the same pieces for
+//! `FUNCTION LOAD` / `FCALL`.
+//!
+//! Which algorithms exist, their codes and which have a step come from
+//! [`sluice_core::algorithm::registry`]; [`algorithm_source`] maps every registry entry to
+//! its file (an exhaustive match, so a new algorithm cannot be forgotten here), the scripts
+//! holding several algorithms take them from the registry in its order, and tests hold each
+//! file to its registry code and step flag.
+
+use std::sync::LazyLock;
 
 use sluice_core::algorithm::AlgorithmKind;
 
@@ -19,103 +33,10 @@ macro_rules! lua {
     };
 }
 
-macro_rules! check_script {
-    ($($alg:literal),+) => {
-        concat!(lua!("common.lua"), $(lua!($alg),)+ lua!("check.lua"), "return check(KEYS, ARGV)\n")
-    };
-}
+const COMMON: &str = lua!("common.lua");
 
-/// Token bucket only.
-pub(crate) const TOKEN_BUCKET: &str = check_script!("token_bucket.lua");
-/// GCRA only.
-pub(crate) const GCRA: &str = check_script!("gcra.lua");
-/// Leaky bucket only.
-pub(crate) const LEAKY_BUCKET: &str = check_script!("leaky_bucket.lua");
-/// Fixed window only.
-pub(crate) const FIXED_WINDOW: &str = check_script!("fixed_window.lua");
-/// Sliding window counter only.
-pub(crate) const SLIDING_WINDOW_COUNTER: &str = check_script!("sliding_window_counter.lua");
-/// Sliding window log only.
-pub(crate) const SLIDING_WINDOW_LOG: &str = check_script!("sliding_window_log.lua");
-/// Concurrency only.
-pub(crate) const CONCURRENCY: &str = check_script!("concurrency.lua");
-/// Every algorithm file, in registry order (the one list of them; [`algorithm_source`] names
-/// the same files per algorithm).
-macro_rules! every_algorithm {
-    () => {
-        concat!(
-            lua!("token_bucket.lua"),
-            lua!("gcra.lua"),
-            lua!("leaky_bucket.lua"),
-            lua!("fixed_window.lua"),
-            lua!("sliding_window_counter.lua"),
-            lua!("sliding_window_log.lua"),
-            lua!("concurrency.lua"),
-        )
-    };
-}
-
-/// Every algorithm: multi-limit checks of mixed algorithms.
-pub(crate) const MULTI: &str = concat!(
-    lua!("common.lua"),
-    every_algorithm!(),
-    lua!("check.lua"),
-    "return check(KEYS, ARGV)\n"
-);
-/// Independent one-limit checks in one call (automatic batching, `src/batch.rs`).
-pub(crate) const BATCH: &str = concat!(
-    lua!("common.lua"),
-    every_algorithm!(),
-    lua!("batch.lua"),
-    "return batch(KEYS, ARGV)\n"
-);
-
-/// A one-policy batch script (`lua/batch_common.lua` + the algorithm's batch file): `cluster`
-/// builds the form a Cluster node runs (its items' keys in several slots of the node, each
-/// read with its own GET, hence the `allow-cross-slot-keys` flag).
-macro_rules! one_policy_batch {
-    ($file:literal, $entry:literal, standalone) => {
-        concat!(
-            "local BATCH_PER_KEY_READS = false\n",
-            lua!("common.lua"),
-            lua!("batch_common.lua"),
-            lua!($file),
-            "return ",
-            $entry,
-            "(KEYS, ARGV)\n"
-        )
-    };
-    ($file:literal, $entry:literal, cluster) => {
-        concat!(
-            "#!lua flags=allow-cross-slot-keys\n",
-            "local BATCH_PER_KEY_READS = true\n",
-            lua!("common.lua"),
-            lua!("batch_common.lua"),
-            lua!($file),
-            "return ",
-            $entry,
-            "(KEYS, ARGV)\n"
-        )
-    };
-}
-
-/// Checks of one policy in one call, standalone: token bucket, GCRA, fixed window, leaky
-/// bucket (the order of `BatchScript`'s one-policy variants).
-pub(crate) const BATCHES: [&str; 4] = [
-    one_policy_batch!("batch_token_bucket.lua", "batch_token_bucket", standalone),
-    one_policy_batch!("batch_gcra.lua", "batch_gcra", standalone),
-    one_policy_batch!("batch_fixed_window.lua", "batch_fixed_window", standalone),
-    one_policy_batch!("batch_leaky_bucket.lua", "batch_leaky_bucket", standalone),
-];
-/// The same on one Cluster node.
-pub(crate) const CLUSTER_BATCHES: [&str; 4] = [
-    one_policy_batch!("batch_token_bucket.lua", "batch_token_bucket", cluster),
-    one_policy_batch!("batch_gcra.lua", "batch_gcra", cluster),
-    one_policy_batch!("batch_fixed_window.lua", "batch_fixed_window", cluster),
-    one_policy_batch!("batch_leaky_bucket.lua", "batch_leaky_bucket", cluster),
-];
-
-/// The Lua file implementing `kind` (registering `CHECK.<lua_code>`).
+/// The Lua file implementing `kind` (registering `CHECK.<lua_code>`, and `STEP.<lua_code>`
+/// for an algorithm with a step).
 pub fn algorithm_source(kind: AlgorithmKind) -> &'static str {
     match kind {
         AlgorithmKind::TokenBucket => lua!("token_bucket.lua"),
@@ -128,32 +49,100 @@ pub fn algorithm_source(kind: AlgorithmKind) -> &'static str {
     }
 }
 
+/// `head`, `common.lua`, the files of `kinds` in registry order, then `tail`.
+fn compose<'a>(
+    head: &[&str],
+    kinds: impl Iterator<Item = AlgorithmKind>,
+    tail: &[&'a str],
+) -> String {
+    let mut s = String::new();
+    for part in head {
+        s.push_str(part);
+    }
+    s.push_str(COMMON);
+    for kind in kinds {
+        s.push_str(algorithm_source(kind));
+    }
+    for part in tail {
+        s.push_str(part);
+    }
+    s
+}
+
+fn every_algorithm() -> impl Iterator<Item = AlgorithmKind> {
+    AlgorithmKind::ALL.into_iter()
+}
+
+fn with_step() -> impl Iterator<Item = AlgorithmKind> {
+    AlgorithmKind::ALL.into_iter().filter(|k| k.info().step)
+}
+
+const CHECK_ENTRY: [&str; 2] = [lua!("check.lua"), "return check(KEYS, ARGV)\n"];
+
+/// The one-limit check script of each algorithm, in registry order.
+static SINGLE: LazyLock<Vec<String>> = LazyLock::new(|| {
+    every_algorithm()
+        .map(|kind| compose(&[], std::iter::once(kind), &CHECK_ENTRY))
+        .collect()
+});
+
 /// The one-limit check script of `kind`.
 pub(crate) fn single(kind: AlgorithmKind) -> &'static str {
-    match kind {
-        AlgorithmKind::TokenBucket => TOKEN_BUCKET,
-        AlgorithmKind::Gcra => GCRA,
-        AlgorithmKind::LeakyBucket => LEAKY_BUCKET,
-        AlgorithmKind::FixedWindow => FIXED_WINDOW,
-        AlgorithmKind::SlidingWindowCounter => SLIDING_WINDOW_COUNTER,
-        AlgorithmKind::SlidingWindowLog => SLIDING_WINDOW_LOG,
-        AlgorithmKind::Concurrency => CONCURRENCY,
-    }
+    &SINGLE[kind.index()]
 }
+
+/// Every algorithm: multi-limit checks of mixed algorithms.
+pub(crate) static MULTI: LazyLock<String> =
+    LazyLock::new(|| compose(&[], every_algorithm(), &CHECK_ENTRY));
+
+/// Independent one-limit checks of any algorithms in one call (automatic batching,
+/// `src/batch.rs`).
+pub(crate) static BATCH: LazyLock<String> = LazyLock::new(|| {
+    compose(
+        &[],
+        every_algorithm(),
+        &[lua!("batch.lua"), "return batch(KEYS, ARGV)\n"],
+    )
+});
+
+/// Checks of one policy of an algorithm with a step in one call, on a standalone server.
+pub(crate) static BATCH_STEP: LazyLock<String> = LazyLock::new(|| batch_step(false));
+/// The same on one Cluster node: its items' keys in several slots of the node, each read with
+/// its own GET, hence the `allow-cross-slot-keys` flag.
+pub(crate) static CLUSTER_BATCH_STEP: LazyLock<String> = LazyLock::new(|| batch_step(true));
+
+fn batch_step(cluster: bool) -> String {
+    let head: &[&str] = if cluster {
+        &[
+            "#!lua flags=allow-cross-slot-keys\n",
+            "local BATCH_PER_KEY_READS = true\n",
+        ]
+    } else {
+        &["local BATCH_PER_KEY_READS = false\n"]
+    };
+    compose(
+        head,
+        with_step(),
+        &[lua!("batch_step.lua"), "return batch_step(KEYS, ARGV)\n"],
+    )
+}
+
 /// Releases a concurrency lease.
-pub(crate) const RELEASE: &str = concat!(
-    lua!("common.lua"),
-    lua!("release.lua"),
-    "return release(KEYS, ARGV)\n"
-);
+pub(crate) static RELEASE: LazyLock<String> = LazyLock::new(|| {
+    let mut s = String::from(COMMON);
+    s.push_str(lua!("release.lua"));
+    s.push_str("return release(KEYS, ARGV)\n");
+    s
+});
 
 /// Charges or refunds one key without a check (`lua/adjust.lua`).
-pub(crate) const ADJUST: &str = concat!(
-    lua!("common.lua"),
-    every_algorithm!(),
-    lua!("adjust.lua"),
-    "return adjust(KEYS, ARGV)\n"
-);
+pub(crate) static ADJUST: LazyLock<String> = LazyLock::new(|| {
+    compose(
+        &[],
+        every_algorithm(),
+        &[lua!("adjust.lua"), "return adjust(KEYS, ARGV)\n"],
+    )
+});
 
 /// The name of the function library.
 pub const LIBRARY_NAME: &str = "sluice";
@@ -166,66 +155,91 @@ pub(crate) const FN_ADJUST: &str = "sluice_adjust_v1";
 
 /// The function library: the same code registered as `sluice_check_v1`, `sluice_release_v1`
 /// and `sluice_adjust_v1`.
-pub const FUNCTION_LIBRARY: &str = concat!(
-    "#!lua name=sluice\n",
-    lua!("common.lua"),
-    every_algorithm!(),
-    lua!("check.lua"),
-    lua!("release.lua"),
-    lua!("adjust.lua"),
-    "redis.register_function('sluice_check_v1', check)\n",
-    "redis.register_function('sluice_release_v1', release)\n",
-    "redis.register_function('sluice_adjust_v1', adjust)\n",
-);
+static FUNCTION_LIBRARY: LazyLock<String> = LazyLock::new(|| {
+    compose(
+        &["#!lua name=sluice\n"],
+        every_algorithm(),
+        &[
+            lua!("check.lua"),
+            lua!("release.lua"),
+            lua!("adjust.lua"),
+            "redis.register_function('sluice_check_v1', check)\n",
+            "redis.register_function('sluice_release_v1', release)\n",
+            "redis.register_function('sluice_adjust_v1', adjust)\n",
+        ],
+    )
+});
 
 /// Every script as `(name, Lua source)`: one per algorithm of the registry (under its name),
-/// the multi-limit script and the release script (for `sluice scripts`).
+/// the multi-limit script, the release and adjust scripts and the batch scripts (for
+/// `sluice scripts`).
 pub fn scripts() -> Vec<(&'static str, &'static str)> {
     AlgorithmKind::ALL
         .into_iter()
         .map(|kind| (kind.name(), single(kind)))
-        .chain([("multi", MULTI), ("release", RELEASE), ("adjust", ADJUST)])
+        .chain([
+            ("multi", MULTI.as_str()),
+            ("release", RELEASE.as_str()),
+            ("adjust", ADJUST.as_str()),
+            ("batch", BATCH.as_str()),
+            ("batch-step", BATCH_STEP.as_str()),
+        ])
         .collect()
 }
 
 /// The function library source (`FUNCTION LOAD REPLACE`), for `sluice scripts`.
 pub fn function_library() -> &'static str {
-    FUNCTION_LIBRARY
+    FUNCTION_LIBRARY.as_str()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// The `CHECK.<code> = function` registrations in `src`.
-    fn registered_codes(src: &str) -> Vec<&str> {
+    /// The codes `src` registers in `table` (`CHECK` or `STEP`), in order.
+    fn registered<'a>(src: &'a str, table: &str) -> Vec<&'a str> {
+        let prefix = format!("{table}.");
         src.lines()
-            .filter_map(|l| l.strip_prefix("CHECK."))
-            .filter_map(|l| l.split_once(" = function"))
+            .filter_map(|l| l.strip_prefix(prefix.as_str()))
+            .filter_map(|l| l.split_once(" = "))
             .map(|(code, _)| code)
             .collect()
     }
 
     #[test]
-    fn each_algorithm_file_registers_its_registry_code() {
+    fn each_algorithm_file_registers_its_registry_code_and_step() {
         for kind in AlgorithmKind::ALL {
-            assert_eq!(
-                registered_codes(algorithm_source(kind)),
-                [kind.lua_code()],
-                "{kind}"
-            );
+            let src = algorithm_source(kind);
+            assert_eq!(registered(src, "CHECK"), [kind.lua_code()], "{kind}");
+            let steps: &[&str] = if kind.info().step {
+                &[kind.lua_code()]
+            } else {
+                &[]
+            };
+            assert_eq!(registered(src, "STEP"), steps, "{kind}");
             let script = single(kind);
-            assert!(script.contains(algorithm_source(kind)), "{kind}");
-            assert_eq!(registered_codes(script), [kind.lua_code()], "{kind}");
+            assert!(script.contains(src), "{kind}");
+            assert_eq!(registered(script, "CHECK"), [kind.lua_code()], "{kind}");
         }
     }
 
     #[test]
     fn combined_scripts_hold_every_algorithm_once() {
         let every: Vec<&str> = AlgorithmKind::ALL.iter().map(|k| k.lua_code()).collect();
-        for src in [MULTI, BATCH, FUNCTION_LIBRARY] {
-            assert_eq!(registered_codes(src), every);
+        for src in [
+            MULTI.as_str(),
+            BATCH.as_str(),
+            ADJUST.as_str(),
+            function_library(),
+        ] {
+            assert_eq!(registered(src, "CHECK"), every);
         }
+        let steps: Vec<&str> = with_step().map(|k| k.lua_code()).collect();
+        assert_eq!(steps, ["tb", "gcra", "lb", "fw", "swc"]);
+        for src in [BATCH_STEP.as_str(), CLUSTER_BATCH_STEP.as_str()] {
+            assert_eq!(registered(src, "STEP"), steps);
+        }
+        assert!(CLUSTER_BATCH_STEP.starts_with("#!lua flags=allow-cross-slot-keys\n"));
         let names: Vec<&str> = scripts().iter().map(|(n, _)| *n).collect();
         assert_eq!(
             names,
@@ -239,8 +253,44 @@ mod tests {
                 "concurrency",
                 "multi",
                 "release",
-                "adjust"
+                "adjust",
+                "batch",
+                "batch-step"
             ]
+        );
+    }
+
+    /// The token bucket's refill, GCRA's TAT and the windows' readers are each defined once
+    /// in the Lua sources, however many scripts run them.
+    #[test]
+    fn each_formula_is_defined_once() {
+        let every: String = AlgorithmKind::ALL
+            .into_iter()
+            .map(algorithm_source)
+            .chain([
+                COMMON,
+                lua!("check.lua"),
+                lua!("batch.lua"),
+                lua!("batch_step.lua"),
+                lua!("adjust.lua"),
+                lua!("release.lua"),
+            ])
+            .collect();
+        for reader in [
+            "tb_tokens",
+            "gcra_tat",
+            "lb_level",
+            "fw_window",
+            "swc_window",
+        ] {
+            let defined = format!("local function {reader}(");
+            assert_eq!(every.matches(defined.as_str()).count(), 1, "{reader}");
+        }
+        // The refill itself: `t + elapsed * r` appears in tb_tokens alone.
+        assert_eq!(
+            every.matches("elapsed * r").count(),
+            2,
+            "tb refill and lb drain"
         );
     }
 }

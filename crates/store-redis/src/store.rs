@@ -18,6 +18,7 @@ use connection::{Conn, LastAnswer, SentinelConn, is_auth_error, map_err, tls_cer
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use redis::{IntoConnectionInfo, RedisError, TlsMode, Value};
+use sluice_core::algorithm::AlgorithmKind;
 use sluice_core::key::key_slot;
 use sluice_core::{Algorithm, CheckItem, Clock, LeaseId, MultiDecision, Store, StoreError};
 use std::sync::Arc;
@@ -215,7 +216,7 @@ pub async fn connect(url: &str, mut options: RedisOptions) -> Result<RedisStore,
         conn: conn.clone(),
         mode: options.mode,
         timeout: options.timeout,
-        lua: Arc::new(Lua::new(scripts::RELEASE)),
+        lua: Arc::new(Lua::new(&scripts::RELEASE)),
         clock: options.clock.clone(),
         pad: pad.to_string(),
     }));
@@ -227,17 +228,9 @@ pub async fn connect(url: &str, mut options: RedisOptions) -> Result<RedisStore,
         clock: options.clock,
         namespace: options.namespace.unwrap_or_default(),
         pad: pad.to_string(),
-        single: [
-            Lua::new(scripts::TOKEN_BUCKET),
-            Lua::new(scripts::GCRA),
-            Lua::new(scripts::LEAKY_BUCKET),
-            Lua::new(scripts::FIXED_WINDOW),
-            Lua::new(scripts::SLIDING_WINDOW_COUNTER),
-            Lua::new(scripts::SLIDING_WINDOW_LOG),
-            Lua::new(scripts::CONCURRENCY),
-        ],
-        multi: Lua::new(scripts::MULTI),
-        release: Arc::new(Lua::new(scripts::RELEASE)),
+        single: AlgorithmKind::ALL.map(|kind| Lua::new(scripts::single(kind))),
+        multi: Lua::new(&scripts::MULTI),
+        release: Arc::new(Lua::new(&scripts::RELEASE)),
         id_prefix: format!("{:012x}", rand::random::<u64>() & 0xffff_ffff_ffff),
         counter: AtomicU64::new(0),
         batcher: None,
@@ -275,18 +268,6 @@ pub async fn connect(url: &str, mut options: RedisOptions) -> Result<RedisStore,
 fn is_missing_function(e: &RedisError) -> bool {
     let s = e.to_string();
     s.contains("Function not found") || s.contains("function not found")
-}
-
-fn script_index(algorithm: &Algorithm) -> usize {
-    match algorithm {
-        Algorithm::TokenBucket { .. } => 0,
-        Algorithm::Gcra { .. } => 1,
-        Algorithm::LeakyBucket { .. } => 2,
-        Algorithm::FixedWindow { .. } | Algorithm::CalendarWindow { .. } => 3,
-        Algorithm::SlidingWindowCounter { .. } => 4,
-        Algorithm::SlidingWindowLog { .. } => 5,
-        Algorithm::Concurrency { .. } => 6,
-    }
 }
 
 impl RedisStore {
@@ -333,7 +314,7 @@ impl RedisStore {
         let mut cmd = redis::cmd("FUNCTION");
         cmd.arg("LOAD")
             .arg("REPLACE")
-            .arg(scripts::FUNCTION_LIBRARY);
+            .arg(scripts::function_library());
         self.conn.query(&cmd).await.map(|_| ()).map_err(map_err)
     }
 
@@ -465,10 +446,10 @@ impl Store for RedisStore {
             } else {
                 String::new()
             };
-            if let Algorithm::Concurrency { lease_ms, .. } = item.algorithm
+            if let Some(lease_ms) = item.algorithm.lease_ms()
                 && !token.is_empty()
             {
-                leases.push(PendingRelease::new(key.clone(), token.clone(), *lease_ms));
+                leases.push(PendingRelease::new(key.clone(), token.clone(), lease_ms));
             }
             tokens.push(token);
         }
@@ -493,7 +474,7 @@ impl Store for RedisStore {
             protocol::push_item_args(&mut args, item.algorithm, item.cost, token);
         }
         let lua = if items.len() == 1 {
-            &self.single[script_index(items[0].algorithm)]
+            &self.single[items[0].algorithm.algorithm_kind().index()]
         } else {
             &self.multi
         };
@@ -528,17 +509,15 @@ impl Store for RedisStore {
         algorithm: &Algorithm,
         lease: &LeaseId,
     ) -> Result<bool, StoreError> {
-        if !matches!(algorithm, Algorithm::Concurrency { .. }) {
-            return Ok(false);
-        }
-        let Algorithm::Concurrency { lease_ms, .. } = algorithm else {
+        // Only an algorithm with leases has one to release.
+        let Some(lease_ms) = algorithm.lease_ms() else {
             return Ok(false);
         };
         let keys = [self.server_key(key)];
         let args = [self.now_arg(), self.pad.clone(), lease.0.clone()];
         // A release that fails (or is abandoned) is retried in the background: its caller
         // has let go of the lease either way.
-        let retry = PendingRelease::new(keys[0].clone(), lease.0.clone(), *lease_ms);
+        let retry = PendingRelease::new(keys[0].clone(), lease.0.clone(), lease_ms);
         let guard = LeaseGuard::new(&self.compensator, vec![retry]);
         let released = self
             .invoke_timed(&self.release, scripts::FN_RELEASE, &keys, &args)

@@ -1,4 +1,4 @@
-//! The one-policy batch scripts (`lua/batch_token_bucket.lua`, `lua/batch_gcra.lua`): field by
+//! The one-policy batch script (`lua/batch_step.lua`, every algorithm with a step): field by
 //! field the same decisions and stored states as the generic `lua/batch.lua` (itself held to
 //! the Rust algorithms by the differential tests), a key repeated in a batch decided exactly
 //! as separate calls, and Cluster batches of keys in many slots: exact counts, never CROSSSLOT.
@@ -93,19 +93,20 @@ fn policies() -> Vec<Algorithm> {
             rate: Rate::new(5, 300),
             mode: sluice_core::LeakyMode::Shaping,
         },
+        Algorithm::SlidingWindowCounter {
+            limit: 5,
+            window_ms: 1000,
+        },
+        Algorithm::SlidingWindowCounter {
+            limit: 12,
+            window_ms: 700,
+        },
     ]
 }
 
 /// The most a policy admits at once.
 fn limit_of(algorithm: &Algorithm) -> u64 {
-    match algorithm {
-        Algorithm::TokenBucket { capacity, .. } | Algorithm::LeakyBucket { capacity, .. } => {
-            *capacity
-        }
-        Algorithm::Gcra { burst, .. } => burst + 1,
-        Algorithm::FixedWindow { limit, .. } | Algorithm::CalendarWindow { limit, .. } => *limit,
-        other => unreachable!("{other:?}"),
-    }
+    algorithm.quota()
 }
 
 /// Random batches over 4 keys (so keys repeat within a batch), random costs (0, 1, a few,
@@ -207,6 +208,10 @@ async fn a_key_repeated_in_a_batch_decides_as_separate_calls() {
                 rate: Rate::new(1, 3_600_000),
                 mode: sluice_core::LeakyMode::Shaping,
             },
+            Algorithm::SlidingWindowCounter {
+                limit: 10,
+                window_ms: 3_600_000,
+            },
         ] {
             let key = format!("rl:{{rep}}:{}", algorithm.algorithm_kind().lua_code());
             let items: Vec<CheckItem<'_>> = (0..100)
@@ -271,6 +276,10 @@ async fn cluster_batches_span_slots_and_admit_exactly() {
             capacity: 5,
             rate: Rate::new(1, 3_600_000),
             mode: sluice_core::LeakyMode::Policing,
+        },
+        Algorithm::SlidingWindowCounter {
+            limit: 5,
+            window_ms: 3_600_000,
         },
     ] {
         let before: u64 = ports.iter().map(|&p| script_calls_on(p)).sum();

@@ -3,7 +3,9 @@
 //! Each module exposes `decide(state: Option<&S>, params..., now, cost) -> Outcome<S>`;
 //! [`decide`] dispatches on [`Algorithm`] over the type-erased [`State`]. The formulas and
 //! bounds are in `docs/algorithms.md`; the Lua scripts in `crates/store-redis/lua/` implement
-//! the same functions and a differential test holds them equal. [`registry`] names them.
+//! the same functions and a differential test holds them equal. [`registry`] names them;
+//! [`shape`] says what their parameters amount to (quota, scaling, the numbers a store's
+//! scripts take), so the stores ask instead of matching on [`Algorithm`] themselves.
 
 pub mod adjust;
 pub mod calendar;
@@ -11,10 +13,13 @@ pub mod concurrency;
 pub mod fixed_window;
 pub mod gcra;
 pub mod leaky_bucket;
+mod params;
 pub mod registry;
+pub mod shape;
 pub mod sliding_window_counter;
 pub mod sliding_window_log;
 pub mod token_bucket;
+mod validate;
 
 use crate::clock::Timestamp;
 use crate::decision::{Decision, LeaseId};

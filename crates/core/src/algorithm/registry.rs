@@ -11,6 +11,8 @@ use std::str::FromStr;
 
 use crate::policy::{Algorithm, LeakyMode, Rate};
 
+pub use super::params::{ParamError, Params, UnknownAlgorithm};
+
 /// An algorithm without its parameters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AlgorithmKind {
@@ -116,6 +118,14 @@ pub struct AlgorithmInfo {
     pub params: &'static [Param],
     /// The code the Redis scripts register the algorithm under (`CHECK.<code>` in Lua).
     pub lua_code: &'static str,
+    /// Its state is one string the Redis scripts read and write whole, so its Lua is a step
+    /// (`STEP.<code>`: stored value in, decision and new value out) that the one-key check,
+    /// the one-policy batch loop and the charge/refund all run.
+    pub step: bool,
+    /// An admission takes a lease that a release gives back.
+    pub leases: bool,
+    /// An admission stores an entry under a unique member (a log entry or a lease).
+    pub members: bool,
 }
 
 /// The registry, in the order the algorithms are listed everywhere.
@@ -126,6 +136,9 @@ pub static ALGORITHMS: [AlgorithmInfo; 7] = [
         aliases: &["token_bucket", "tb"],
         params: &[Param::Capacity, Param::Rate],
         lua_code: "tb",
+        step: true,
+        leases: false,
+        members: false,
     },
     AlgorithmInfo {
         kind: AlgorithmKind::Gcra,
@@ -133,6 +146,9 @@ pub static ALGORITHMS: [AlgorithmInfo; 7] = [
         aliases: &[],
         params: &[Param::Rate, Param::Burst],
         lua_code: "gcra",
+        step: true,
+        leases: false,
+        members: false,
     },
     AlgorithmInfo {
         kind: AlgorithmKind::LeakyBucket,
@@ -140,6 +156,9 @@ pub static ALGORITHMS: [AlgorithmInfo; 7] = [
         aliases: &["leaky_bucket", "lb"],
         params: &[Param::Capacity, Param::Rate, Param::Mode],
         lua_code: "lb",
+        step: true,
+        leases: false,
+        members: false,
     },
     AlgorithmInfo {
         kind: AlgorithmKind::FixedWindow,
@@ -147,6 +166,9 @@ pub static ALGORITHMS: [AlgorithmInfo; 7] = [
         aliases: &["fixed_window", "fw"],
         params: &[Param::Limit, Param::Window],
         lua_code: "fw",
+        step: true,
+        leases: false,
+        members: false,
     },
     AlgorithmInfo {
         kind: AlgorithmKind::SlidingWindowCounter,
@@ -154,6 +176,9 @@ pub static ALGORITHMS: [AlgorithmInfo; 7] = [
         aliases: &["sliding-window-counter", "sliding_window_counter"],
         params: &[Param::Limit, Param::Window],
         lua_code: "swc",
+        step: true,
+        leases: false,
+        members: false,
     },
     AlgorithmInfo {
         kind: AlgorithmKind::SlidingWindowLog,
@@ -161,6 +186,9 @@ pub static ALGORITHMS: [AlgorithmInfo; 7] = [
         aliases: &["sliding-window-log", "sliding_window_log", "sw"],
         params: &[Param::Limit, Param::Window],
         lua_code: "swl",
+        step: false,
+        leases: false,
+        members: true,
     },
     AlgorithmInfo {
         kind: AlgorithmKind::Concurrency,
@@ -168,6 +196,9 @@ pub static ALGORITHMS: [AlgorithmInfo; 7] = [
         aliases: &[],
         params: &[Param::Limit, Param::Lease],
         lua_code: "cc",
+        step: false,
+        leases: true,
+        members: true,
     },
 ];
 
@@ -355,102 +386,6 @@ impl Algorithm {
             Algorithm::SlidingWindowLog { .. } => AlgorithmKind::SlidingWindowLog,
             Algorithm::Concurrency { .. } => AlgorithmKind::Concurrency,
         }
-    }
-}
-
-/// Parameter values as given, already parsed; absent ones are `None`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Params {
-    /// `capacity`.
-    pub capacity: Option<u64>,
-    /// `rate`.
-    pub rate: Option<Rate>,
-    /// `burst`.
-    pub burst: Option<u64>,
-    /// `limit`.
-    pub limit: Option<u64>,
-    /// `window`, in milliseconds.
-    pub window_ms: Option<u64>,
-    /// `mode`.
-    pub mode: Option<LeakyMode>,
-    /// `lease`, in milliseconds.
-    pub lease_ms: Option<u64>,
-}
-
-impl Params {
-    /// True when `param` has a value.
-    pub fn has(&self, param: Param) -> bool {
-        match param {
-            Param::Capacity => self.capacity.is_some(),
-            Param::Rate => self.rate.is_some(),
-            Param::Burst => self.burst.is_some(),
-            Param::Limit => self.limit.is_some(),
-            Param::Window => self.window_ms.is_some(),
-            Param::Mode => self.mode.is_some(),
-            Param::Lease => self.lease_ms.is_some(),
-        }
-    }
-
-    /// The parameters with a value, in [`Param::ALL`] order.
-    pub fn given(&self) -> impl Iterator<Item = Param> + '_ {
-        Param::ALL.into_iter().filter(|p| self.has(*p))
-    }
-}
-
-/// A parameter given to an algorithm that does not take it, or a required one missing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum ParamError {
-    /// `param` was given but `algorithm` does not take it.
-    #[error("{algorithm} takes no {param} (it takes {})", list(algorithm.params()))]
-    TakesNo {
-        /// The algorithm.
-        algorithm: AlgorithmKind,
-        /// The parameter it does not take.
-        param: Param,
-    },
-    /// `algorithm` needs `param`, which has no default.
-    #[error("{algorithm} needs {param}{}", param.example().map(|e| format!(" (such as {e})")).unwrap_or_default())]
-    Needs {
-        /// The algorithm.
-        algorithm: AlgorithmKind,
-        /// The missing parameter.
-        param: Param,
-    },
-}
-
-impl ParamError {
-    /// The parameter the error is about.
-    pub fn param(&self) -> Param {
-        match *self {
-            ParamError::TakesNo { param, .. } | ParamError::Needs { param, .. } => param,
-        }
-    }
-}
-
-fn list(params: &[Param]) -> String {
-    params
-        .iter()
-        .map(|p| p.name())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// A name that is no algorithm's name or alias.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown algorithm {given:?}: expected {}", one_of(expected))]
-pub struct UnknownAlgorithm {
-    /// What was given.
-    pub given: String,
-    /// The stable names that were allowed.
-    pub expected: Vec<&'static str>,
-}
-
-/// `a, b or c`.
-fn one_of(names: &[&str]) -> String {
-    match names.split_last() {
-        None => String::new(),
-        Some((last, [])) => (*last).to_string(),
-        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
     }
 }
 

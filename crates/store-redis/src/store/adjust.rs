@@ -13,7 +13,7 @@ use crate::protocol;
 use crate::scripts;
 
 /// The adjust script and its SHA1, computed once.
-static ADJUST: LazyLock<Lua> = LazyLock::new(|| Lua::new(scripts::ADJUST));
+static ADJUST: LazyLock<Lua> = LazyLock::new(|| Lua::new(&scripts::ADJUST));
 
 impl RedisStore {
     /// Deletes `key`'s state (one `DEL` under the per-call timeout); whether it existed.
@@ -38,7 +38,7 @@ impl RedisStore {
         algorithm: &Algorithm,
         adjustment: Adjustment,
     ) -> Result<Decision, StoreError> {
-        if matches!(algorithm, Algorithm::Concurrency { .. }) {
+        if algorithm.lease_ms().is_some() {
             return Err(StoreError::Invalid(
                 sluice_core::algorithm::AdjustError::Concurrency.to_string(),
             ));

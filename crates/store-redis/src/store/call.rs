@@ -47,7 +47,7 @@ async fn invoke(
                     let mut load = redis::cmd("FUNCTION");
                     load.arg("LOAD")
                         .arg("REPLACE")
-                        .arg(scripts::FUNCTION_LIBRARY);
+                        .arg(scripts::function_library());
                     conn.query(&load).await?;
                     match conn.query(&cmd).await {
                         // Flushed again between the load and the call: the same logic as a
@@ -168,29 +168,19 @@ fn shows_life(r: &Result<Value, RedisError>) -> bool {
 /// [`batch_timeout`]; `cluster` selects the one-policy scripts' Cluster form.
 pub(super) fn batch_runner(conn: Conn, timeout: Duration, cluster: bool) -> crate::batch::Runner {
     use crate::batch::BatchScript;
-    let generic = Lua::new(scripts::BATCH);
     let one_policy = if cluster {
-        scripts::CLUSTER_BATCHES
+        &scripts::CLUSTER_BATCH_STEP
     } else {
-        scripts::BATCHES
+        &scripts::BATCH_STEP
     };
-    let luas = Arc::new([
-        generic,
-        Lua::new(one_policy[0]),
-        Lua::new(one_policy[1]),
-        Lua::new(one_policy[2]),
-        Lua::new(one_policy[3]),
-    ]);
+    let luas = Arc::new([Lua::new(&scripts::BATCH), Lua::new(one_policy)]);
     Arc::new(
         move |script: BatchScript, items: usize, keys: Vec<String>, args: Vec<String>| {
             let (conn, luas) = (conn.clone(), Arc::clone(&luas));
             let timeout = batch_timeout(timeout, items);
             let i = match script {
                 BatchScript::Generic => 0,
-                BatchScript::TokenBucket => 1,
-                BatchScript::Gcra => 2,
-                BatchScript::FixedWindow => 3,
-                BatchScript::LeakyBucket => 4,
+                BatchScript::OnePolicy => 1,
             };
             Box::pin(async move {
                 invoke_timed(&conn, ScriptMode::Eval, timeout, &luas[i], "", keys, args).await
