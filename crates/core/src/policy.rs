@@ -8,10 +8,6 @@ use std::fmt;
 pub use crate::algorithm::calendar::CalendarPeriod;
 use std::str::FromStr;
 
-// `Algorithm`'s methods live with the algorithms: what its parameters amount to in
-// `algorithm/shape.rs`, their bounds in `algorithm/validate.rs`, names in
-// `algorithm/registry.rs`.
-
 /// The largest integer every store can represent exactly (Lua numbers are doubles).
 pub const MAX_EXACT: u64 = 1 << 53;
 
@@ -229,6 +225,186 @@ pub enum Algorithm {
     SlidingWindowLog { limit: u64, window_ms: u64 },
     /// At most `limit` leases held at once; a lease expires after `lease_ms`.
     Concurrency { limit: u64, lease_ms: u64 },
+}
+
+impl Algorithm {
+    /// The short, stable name used in keys, metrics and the CLI (`token-bucket`, `gcra`, ...).
+    pub fn kind(&self) -> &'static str {
+        self.algorithm_kind().name()
+    }
+
+    /// The quota shown to clients (`q` of `RateLimit-Policy`).
+    pub fn quota(&self) -> u64 {
+        match *self {
+            Algorithm::TokenBucket { capacity, .. } | Algorithm::LeakyBucket { capacity, .. } => {
+                capacity
+            }
+            Algorithm::Gcra { burst, .. } => burst + 1,
+            Algorithm::FixedWindow { limit, .. }
+            | Algorithm::CalendarWindow { limit, .. }
+            | Algorithm::SlidingWindowCounter { limit, .. }
+            | Algorithm::SlidingWindowLog { limit, .. }
+            | Algorithm::Concurrency { limit, .. } => limit,
+        }
+    }
+
+    /// The window shown to clients (`w` of `RateLimit-Policy`), in milliseconds: for buckets,
+    /// the time to refill the whole quota (a bucket of 10 at 5/s is "10 per 2 s").
+    pub fn window_ms(&self) -> u64 {
+        match *self {
+            Algorithm::TokenBucket { capacity, rate }
+            | Algorithm::LeakyBucket { capacity, rate, .. } => {
+                (capacity as u128 * rate.per_ms as u128).div_ceil(rate.amount as u128) as u64
+            }
+            Algorithm::Gcra { rate, burst } => {
+                ((burst + 1) as u128 * rate.per_ms as u128).div_ceil(rate.amount as u128) as u64
+            }
+            Algorithm::FixedWindow { window_ms, .. }
+            | Algorithm::SlidingWindowCounter { window_ms, .. }
+            | Algorithm::SlidingWindowLog { window_ms, .. } => window_ms,
+            // The longest the period lasts; the reset of each answer is exact.
+            Algorithm::CalendarWindow { period, .. } => period.max_ms(),
+            Algorithm::Concurrency { lease_ms, .. } => lease_ms,
+        }
+    }
+
+    /// This fixed window counted per calendar `period` instead of per fixed length (what
+    /// `window = "1 month"` builds). Only a fixed window has a calendar form: the sliding
+    /// windows weigh or log time continuously, which a calendar boundary does not change.
+    pub fn on_calendar(&self, period: CalendarPeriod) -> Result<Algorithm, PolicyError> {
+        match *self {
+            Algorithm::FixedWindow { limit, .. } | Algorithm::CalendarWindow { limit, .. } => {
+                Ok(Algorithm::CalendarWindow { limit, period })
+            }
+            _ => Err(PolicyError::Invalid(format!(
+                "window = \"{period}\" is a calendar window, only for fixed-window; {} needs \
+                 a length such as \"30d\"",
+                self.kind()
+            ))),
+        }
+    }
+
+    /// The parameters of one shard when a hot identity's state is split over `n` sub-keys:
+    /// quota and rate amount are divided by `n`, rounded up (so the sum over shards is never
+    /// below the configured limit, and exceeds it by less than `n`), at least 1.
+    pub fn per_shard(&self, n: u32) -> Algorithm {
+        let n = u64::from(n.max(1));
+        let div = |v: u64| v.div_ceil(n).max(1);
+        match *self {
+            Algorithm::TokenBucket { capacity, rate } => Algorithm::TokenBucket {
+                capacity: div(capacity),
+                rate: Rate::new(div(rate.amount), rate.per_ms),
+            },
+            Algorithm::Gcra { rate, burst } => Algorithm::Gcra {
+                rate: Rate::new(div(rate.amount), rate.per_ms),
+                burst: div(burst + 1) - 1,
+            },
+            Algorithm::LeakyBucket {
+                capacity,
+                rate,
+                mode,
+            } => Algorithm::LeakyBucket {
+                capacity: div(capacity),
+                rate: Rate::new(div(rate.amount), rate.per_ms),
+                mode,
+            },
+            Algorithm::FixedWindow { limit, window_ms } => Algorithm::FixedWindow {
+                limit: div(limit),
+                window_ms,
+            },
+            Algorithm::CalendarWindow { limit, period } => Algorithm::CalendarWindow {
+                limit: div(limit),
+                period,
+            },
+            Algorithm::SlidingWindowCounter { limit, window_ms } => {
+                Algorithm::SlidingWindowCounter {
+                    limit: div(limit),
+                    window_ms,
+                }
+            }
+            Algorithm::SlidingWindowLog { limit, window_ms } => Algorithm::SlidingWindowLog {
+                limit: div(limit),
+                window_ms,
+            },
+            Algorithm::Concurrency { limit, lease_ms } => Algorithm::Concurrency {
+                limit: div(limit),
+                lease_ms,
+            },
+        }
+    }
+
+    /// Checks the parameters are positive and small enough for exact integer arithmetic on
+    /// every store.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        let positive = |what: &str, v: u64| {
+            if v == 0 {
+                Err(PolicyError::Invalid(format!("{what} must be at least 1")))
+            } else {
+                Ok(())
+            }
+        };
+        // Durations are held in milliseconds; a zero one says so in the unit people write.
+        let positive_ms = |what: &str, v: u64| {
+            if v == 0 {
+                Err(PolicyError::Invalid(format!(
+                    "{what} must be at least 1ms (got 0)"
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        let exact = |what: &str, v: u128| {
+            if v > MAX_EXACT as u128 {
+                Err(PolicyError::Invalid(format!(
+                    "{what} is too large for exact arithmetic (max 2^53)"
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        match *self {
+            Algorithm::TokenBucket { capacity, rate }
+            | Algorithm::LeakyBucket { capacity, rate, .. } => {
+                positive("capacity", capacity)?;
+                positive("rate", rate.amount)?;
+                positive_ms("rate period", rate.per_ms)?;
+                let r = rate.reduced();
+                exact(
+                    "capacity x rate period",
+                    capacity as u128 * r.per_ms as u128,
+                )?;
+                exact("rate", r.amount as u128)
+            }
+            Algorithm::Gcra { rate, burst } => {
+                positive("rate", rate.amount)?;
+                positive_ms("rate period", rate.per_ms)?;
+                if rate.per_ms as u128 * 1000 / (rate.amount as u128) == 0 {
+                    return Err(PolicyError::Invalid(
+                        "gcra rate must be at most 1 per microsecond".into(),
+                    ));
+                }
+                exact(
+                    "(burst + 1) x emission interval",
+                    (burst as u128 + 1) * rate.per_ms as u128 * 1000,
+                )
+            }
+            Algorithm::FixedWindow { limit, window_ms }
+            | Algorithm::SlidingWindowCounter { limit, window_ms }
+            | Algorithm::SlidingWindowLog { limit, window_ms } => {
+                positive("limit", limit)?;
+                positive_ms("window", window_ms)?;
+                exact("limit x window", limit as u128 * window_ms as u128)
+            }
+            Algorithm::CalendarWindow { limit, period } => {
+                positive("limit", limit)?;
+                exact("limit x window", limit as u128 * period.max_ms() as u128)
+            }
+            Algorithm::Concurrency { limit, lease_ms } => {
+                positive("limit", limit)?;
+                positive_ms("lease timeout", lease_ms)
+            }
+        }
+    }
 }
 
 /// What happens when the store cannot answer within its timeout.

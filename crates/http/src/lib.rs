@@ -14,21 +14,31 @@
 //!   `sluice serve` proxy match requests with it alike).
 //! - [`count`]: [`Count`], which responses a rule charges for (all, successes, failures or
 //!   listed statuses), and the reserve-at-the-check then settle-on-the-status steps.
-//! - [`layer`]: [`RateLimitLayer`] and its service: the check, denials answered in `call`,
-//!   shaping delays and concurrency leases held until the response body ends.
+//! - [`decide`]: [`Decider`], the answer to one request from its method, target, headers and
+//!   peer (path normalization, rule, identity, control plane, policies, count-by-outcome
+//!   settling, the headers and problem+json bodies). The layer, the `sluice serve` proxy and
+//!   the Python and Node middleware all answer through it.
+//! - [`layer`]: [`RateLimitLayer`] and its service: the decider as tower middleware.
+//! - [`body`]: [`LeaseGuard`] and [`RateLimitBody`], which hold concurrency leases until the
+//!   response ends.
+//! - [`stats`]: [`RateLimitStats`], the counts of what was decided.
 //!
 //! See `docs/http.md` for adding it to an axum app, every header it sends and why, and how
 //! to configure trusted proxies.
 #![forbid(unsafe_code)]
 
+pub mod body;
 pub mod count;
+pub mod decide;
 pub mod headers;
 pub mod identity;
 pub mod layer;
 pub mod path;
 pub mod rule;
+pub mod stats;
 
 pub use count::{Count, UpstreamFailed};
+pub use decide::{Admission, Answer, Decider, Finished, Outcome, Refusal, RequestHead};
 pub use headers::{HeaderOptions, rate_limit_headers, too_many_requests};
 pub use identity::{ClientIpConfig, IdentityResolver, IdentitySource, TrustedProxies};
 pub use layer::{

@@ -36,6 +36,24 @@ pub enum Verdict {
     FailedClosed(StoreError),
 }
 
+impl Verdict {
+    /// `decided`, `failed_open` or `failed_closed`: its one spelling in the decision API's
+    /// JSON, the stats and the Python and Node packages.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Self::Decided => "decided",
+            Self::FailedOpen(_) => "failed_open",
+            Self::FailedClosed(_) => "failed_closed",
+        }
+    }
+}
+
+impl std::fmt::Display for Verdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One policy's part of a check.
 #[derive(Debug, Clone)]
 pub struct LimitResult {

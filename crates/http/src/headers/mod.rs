@@ -37,7 +37,9 @@ use http::{HeaderMap, HeaderName, HeaderValue};
 use sluice::{Checked, Decision, Policy, Verdict};
 
 pub use lead::{Lead, Shown, denying_policy, lead, lead_of, shown};
-pub use problem::{problem, problem_json, store_unavailable, too_many_requests};
+pub use problem::{
+    problem, problem_json, store_error_status, store_unavailable, too_many_requests,
+};
 
 /// `RateLimit-Policy`: quota and window of each policy.
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");

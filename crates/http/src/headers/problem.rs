@@ -7,7 +7,7 @@
 use bytes::Bytes;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderName, HeaderValue, Response, StatusCode};
-use sluice::{Checked, Verdict};
+use sluice::{Checked, StoreError, Verdict};
 
 use super::lead::{denying_policy, lead_of};
 use super::{PROBLEM_JSON, ceil_secs, rate_limit_headers, retry_after_secs};
@@ -97,6 +97,21 @@ pub fn too_many_requests(checked: &Checked, opts: &HeaderOptions) -> Response<By
     };
     let body = problem_json(status, &detail, policy.map(|p| p.name.as_str()), wait);
     denial(status, headers, body)
+}
+
+/// The status that answers a store call that failed outside a check (a state read, a reset,
+/// a charge, a control-plane change, a lease release): `400` when the store refused the
+/// request itself as invalid (the caller can fix it), `503` when it did not answer (a timeout,
+/// no connection, a script error, sluice saturated), which the caller may retry. One rule for
+/// the HTTP API, the control API and the Python and Node packages.
+pub fn store_error_status(e: &StoreError) -> StatusCode {
+    match e {
+        StoreError::Invalid(_) => StatusCode::BAD_REQUEST,
+        StoreError::Timeout(_)
+        | StoreError::Unavailable(_)
+        | StoreError::Backend(_)
+        | StoreError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
+    }
 }
 
 /// The answer when the store failed and a policy fails closed: `status` (429 or 503),
