@@ -1,8 +1,10 @@
-//! The layer on a Redis Cluster, with the control plane driven by a second limiter on the
-//! same Cluster (another instance), over real HTTP on 127.0.0.1:0: a plan override, allow
-//! and deny entries, a ban that escalates, a reset, a refund, a route counting only 401s
-//! and a calendar-month window with its `RateLimit` reset. Each row has its own route and
-//! policy, since every request comes from one client (`ip:127.0.0.1`).
+//! The layer honours the limiter's control plane, over real HTTP on 127.0.0.1:0. On the
+//! embedded store: an override changes the limit, an allow entry bypasses it, a deny entry (a
+//! network) gets 403, a ban gets 429 with the time left in `Retry-After`. On a Redis Cluster,
+//! with the control plane driven by a second limiter on the same Cluster (another instance):
+//! a plan override, allow and deny entries, a ban that escalates, a reset, a refund, a route
+//! counting only 401s and a calendar-month window with its `RateLimit` reset. Each row has
+//! its own route and policy, since every request comes from one client (`ip:127.0.0.1`).
 
 mod support;
 
@@ -277,4 +279,64 @@ async fn every_rule_through_the_layer_on_a_cluster() {
         "t={t}, the 1st is {to_first} s away"
     );
     assert_eq!(statuses(addr, "/monthly", 3).await, [200, 200, 429]);
+}
+
+#[tokio::test]
+async fn overrides_lists_and_bans_reach_the_layer() {
+    let limiter = Limiter::memory();
+    let control = limiter.control().clone();
+    let layer = RateLimitLayer::builder(limiter)
+        .rule(Rule::new("/").policy(fixed("site", 2)))
+        .build();
+    let addr = support::serve(
+        Router::new()
+            .route("/ok", route(|| async { "ok" }))
+            .layer(layer),
+    )
+    .await;
+    // The client is 127.0.0.1: its identity is ME.
+    let me = ME;
+
+    // Allowed: bypasses the limit of 2.
+    let allow = ListEntry::parse(me).unwrap();
+    control
+        .list_add(ListKind::Allow, &allow, None)
+        .await
+        .unwrap();
+    assert_eq!(statuses(addr, "/ok", 5).await, vec![200; 5]);
+    control.list_remove(ListKind::Allow, &allow).await.unwrap();
+    assert_eq!(statuses(addr, "/ok", 3).await, vec![200, 200, 429]);
+
+    // An override to 4 keeps the 2 used: 2 more.
+    control
+        .set_override(
+            "site",
+            me,
+            OverrideTarget::Params(fixed("site", 4).algorithm),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(statuses(addr, "/ok", 3).await, vec![200, 200, 429]);
+
+    // Denied by network: 403, problem+json, no Retry-After.
+    let net = ListEntry::parse("127.0.0.0/8").unwrap();
+    control.list_add(ListKind::Deny, &net, None).await.unwrap();
+    let r = get(addr, "/ok", &[]).await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    assert!(r.text().contains("deny list"), "{}", r.text());
+    assert_eq!(r.header("retry-after"), None);
+    control.list_remove(ListKind::Deny, &net).await.unwrap();
+
+    // Banned: 429 with the ban's time left.
+    control.remove_override("site", me).await.unwrap();
+    control
+        .ban(me, Duration::from_secs(90), None)
+        .await
+        .unwrap();
+    let r = get(addr, "/ok", &[]).await;
+    assert_eq!(r.status, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(r.header("retry-after"), Some("90"));
+    assert!(r.text().contains("banned"), "{}", r.text());
 }
