@@ -1,6 +1,5 @@
 //! `Limiter::state`, `reset`, `charge` and `refund` on the embedded store with a manual clock:
 //! exact arithmetic, sharded policies handled whole, the deny cache forgetting a reset key.
-#![cfg(feature = "memory")]
 #![forbid(unsafe_code)]
 
 use std::sync::Arc;

@@ -1,16 +1,17 @@
-//! The rows of the control plane that `control_store.rs` leaves out, on Redis and on a Redis
-//! Cluster, each with two limiters on one store (two instances): a plan override, a manual
-//! ban scoped to one policy and lifted, allow and deny entries naming identities, `state`,
-//! `charge`, `refund` and `reset` (also under an override), and a calendar-month window.
-//! Every change is made through one instance and checked on the other within a second.
+//! The control plane kept in Redis and in a Redis Cluster, each with two limiters on one store
+//! (two instances): every change is made through one instance and applied by the other within
+//! a second. The rows: an override of a policy's parameters, automatic bans escalating across
+//! the instances, a plan override, a manual ban scoped to one policy and lifted, allow and deny
+//! entries naming networks and identities, `state`, `charge`, `refund` and `reset` (also under
+//! an override), and a calendar-month window.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice::core::algorithm::calendar::CalendarPeriod;
 use sluice::{
-    Algorithm, ControlConfig, DenyReason, Identity, Limiter, ListEntry, ListKind, OverrideTarget,
-    Policy, StoreOptions,
+    Algorithm, BanRule, ControlConfig, DenyReason, Identity, Limiter, ListEntry, ListKind,
+    OverrideTarget, Policy, StoreOptions,
 };
 use sluice_testkit::servers::{RedisCluster, RedisServer};
 
@@ -25,23 +26,46 @@ fn policy(name: &str, algorithm: Algorithm) -> Arc<Policy> {
     Arc::new(Policy::new(name, algorithm).unwrap())
 }
 
-async fn pair(url: &str) -> (Limiter, Limiter) {
-    let options = StoreOptions {
-        timeout: Duration::from_millis(500),
-        ..Default::default()
-    };
-    let a = Limiter::connect(url, options.clone()).await.unwrap();
-    let b = Limiter::connect(url, options).await.unwrap();
-    let plans = ControlConfig {
+/// The plan `gold` (the policy `planned` at 5), for the rows of `every_row_*`.
+fn plans() -> ControlConfig {
+    ControlConfig {
         plans: [(
             "gold".to_string(),
             [("planned".to_string(), fixed(5))].into(),
         )]
         .into(),
         ..Default::default()
+    }
+}
+
+/// Bans on the policy `api` after 2 denials, for 2 s, then 3 times as long each time.
+fn escalating_bans() -> ControlConfig {
+    ControlConfig {
+        bans: [(
+            "api".to_string(),
+            BanRule {
+                after: 2,
+                within_ms: 60_000,
+                duration_ms: 2_000,
+                multiplier: 3.0,
+                max_ms: 3_600_000,
+            },
+        )]
+        .into(),
+        ..Default::default()
+    }
+}
+
+/// Two limiters on the store at `url` (two instances), both configured with `control`.
+async fn pair(url: &str, control: ControlConfig) -> (Limiter, Limiter) {
+    let options = StoreOptions {
+        timeout: Duration::from_millis(500),
+        ..Default::default()
     };
-    a.control().configure(plans.clone());
-    b.control().configure(plans);
+    let a = Limiter::connect(url, options.clone()).await.unwrap();
+    let b = Limiter::connect(url, options).await.unwrap();
+    a.control().configure(control.clone());
+    b.control().configure(control);
     (a, b)
 }
 
@@ -60,8 +84,8 @@ async fn admitted(l: &Limiter, who: &str, p: &Arc<Policy>, n: usize) -> usize {
     ok
 }
 
-/// Waits at most a second for `f`.
-async fn within_a_second<F, Fut>(what: &str, mut f: F)
+/// Waits at most a second for `f`; the time it took.
+async fn within_a_second<F, Fut>(what: &str, mut f: F) -> Duration
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
@@ -69,11 +93,83 @@ where
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(1) {
         if f().await {
-            return;
+            return start.elapsed();
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     panic!("{what}: not within a second");
+}
+
+/// An override of parameters, bans escalating across the instances, a network deny entry.
+async fn shared_changes(url: &str) {
+    let (a, b) = pair(url, escalating_bans()).await;
+    assert_eq!(a.control().backend(), "redis");
+    // A policy without a ban rule, so the denials while waiting do not ban.
+    let plain = policy("plain", fixed(2));
+    for _ in 0..2 {
+        assert!(b.check(&Identity::new("o"), &plain, 1).await.allowed);
+    }
+    a.control()
+        .set_override("plain", "o", OverrideTarget::Params(fixed(4)), None)
+        .await
+        .unwrap();
+    let took = within_a_second("step 1", || async {
+        b.check(&Identity::new("o"), &plain, 1).await.allowed
+    })
+    .await;
+    println!("override applied by the other instance after {took:?}");
+    assert!(
+        b.check(&Identity::new("o"), &plain, 1).await.allowed,
+        "4th of 4"
+    );
+    assert!(
+        !b.check(&Identity::new("o"), &plain, 1).await.allowed,
+        "5th of 4"
+    );
+
+    let p = policy("api", fixed(2));
+    // Two denials ban for 2 s; after it, two more ban for 6 s.
+    for _ in 0..2 {
+        assert!(a.check(&Identity::new("f"), &p, 1).await.allowed);
+    }
+    assert_eq!(reason(&a, "f", &p).await, Some(DenyReason::Limited));
+    assert_eq!(reason(&b, "f", &p).await, Some(DenyReason::Limited));
+    within_a_second("step 2", || async {
+        a.control().ban_left_ms("f", "api") > 0
+    })
+    .await;
+    within_a_second("step 3", || async {
+        reason(&b, "f", &p).await == Some(DenyReason::Banned)
+    })
+    .await;
+    let first = a.control().ban_left_ms("f", "api");
+    assert!((1_000..=2_000).contains(&first), "first ban {first} ms");
+    tokio::time::sleep(Duration::from_millis(first + 20)).await;
+    assert_eq!(reason(&b, "f", &p).await, Some(DenyReason::Limited));
+    assert_eq!(reason(&a, "f", &p).await, Some(DenyReason::Limited));
+    within_a_second("step 4", || async {
+        b.control().ban_left_ms("f", "api") > 0
+    })
+    .await;
+    let second = b.control().ban_left_ms("f", "api");
+    assert!((5_000..=6_000).contains(&second), "second ban {second} ms");
+
+    // Lists (on the policy without a ban rule: the checks while waiting would ban).
+    let net = ListEntry::parse("10.9.0.0/16").unwrap();
+    b.control()
+        .list_add(ListKind::Deny, &net, Some(Duration::from_secs(60)))
+        .await
+        .unwrap();
+    within_a_second("step 5", || async {
+        reason(&a, "ip:10.9.8.7", &plain).await == Some(DenyReason::Denied)
+    })
+    .await;
+    assert!(b.control().list_remove(ListKind::Deny, &net).await.unwrap());
+
+    within_a_second("step 6", || async {
+        reason(&a, "ip:10.9.8.7", &plain).await != Some(DenyReason::Denied)
+    })
+    .await;
 }
 
 async fn plan_override(a: &Limiter, b: &Limiter) {
@@ -268,7 +364,7 @@ async fn calendar_month(a: &Limiter, b: &Limiter) {
 }
 
 async fn all_rows(url: &str) {
-    let (a, b) = pair(url).await;
+    let (a, b) = pair(url, plans()).await;
     plan_override(&a, &b).await;
     scoped_ban(&a, &b).await;
     identity_lists(&a, &b).await;
@@ -286,4 +382,16 @@ async fn every_row_on_redis() {
 async fn every_row_on_a_cluster() {
     let cluster = RedisCluster::start();
     all_rows(&cluster.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_reach_the_other_instance_on_redis() {
+    let server = RedisServer::redis();
+    shared_changes(&server.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn changes_reach_the_other_instance_on_a_cluster() {
+    let cluster = RedisCluster::start();
+    shared_changes(&cluster.url()).await;
 }
