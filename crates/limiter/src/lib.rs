@@ -20,6 +20,7 @@
 //! - [`leased`]: `mode = "leased"`, slices of a key's quota spent in-process.
 //! - [`lease_token`]: a check's concurrency leases as text, to release in a later request.
 //! - [`observer`]: a hook that sees every decision and store call (live views).
+//! - [`reservation`]: reserve a maximum cost, settle the real one (never over-spent).
 //! - [`url`]: store selection by URL.
 //!
 //! # Features
@@ -38,6 +39,7 @@ pub mod leased;
 pub mod limiter;
 pub mod local;
 pub mod observer;
+pub mod reservation;
 pub mod url;
 
 pub use control::{
@@ -50,6 +52,7 @@ pub use leased::LeaseCounters;
 pub use limiter::{Checked, Lease, LimitResult, Limiter, LimiterBuilder, Verdict};
 pub use local::{InvalidLocalShare, LocalShare};
 pub use observer::{DecisionEvent, DecisionObserver, Outcome};
+pub use reservation::{Reservation, Reserved, SettleError, Settled};
 pub use sluice_core as core;
 pub use sluice_core::{
     Algorithm, Decision, DecisionMode, DenyReason, FailureMode, Identity, KeyScheme, LeakyMode,

@@ -19,6 +19,8 @@ use crate::local::{LocalFallback, LocalShare};
 
 mod leased_ops;
 
+mod reservation_ops;
+
 mod state_ops;
 
 mod store_call;
@@ -202,9 +204,12 @@ impl LimiterBuilder {
             clock,
             self.timeout.as_micros() as u64,
         );
+        let control = self.control.unwrap_or_else(ControlPlane::local);
+        let reservations = crate::reservation::Book::for_control(&control, self.keys.prefix());
         Limiter {
             inner: Arc::new(Inner {
                 leases,
+                reservations,
                 sweeper: std::sync::OnceLock::new(),
                 store: self.store,
                 keys: self.keys,
@@ -218,7 +223,7 @@ impl LimiterBuilder {
                 deny_cache: (deny_mode != DenyCacheMode::Off)
                     .then(|| DenyCache::new(DENY_CACHE_CAPACITY)),
                 local: LocalFallback::new(self.local_share),
-                control: self.control.unwrap_or_else(ControlPlane::local),
+                control,
                 observer: std::sync::OnceLock::new(),
             }),
         }
@@ -244,6 +249,8 @@ struct Inner {
     leases: LeaseTable,
     /// Set once the task returning unspent slices runs.
     sweeper: std::sync::OnceLock<()>,
+    /// Records of open reservations (`crate::reservation`).
+    reservations: crate::reservation::Book,
 }
 
 /// One policy of a check on its way through [`Limiter::check_many`]: the result being filled

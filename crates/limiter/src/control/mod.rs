@@ -356,6 +356,16 @@ impl ControlPlane {
         }
     }
 
+    /// The connection of a control plane kept in Redis or Valkey (`None` for a local one):
+    /// reservation records ([`crate::reservation`]) live next to the control entries.
+    #[cfg(feature = "redis")]
+    pub(crate) fn redis_connection(&self) -> Option<Arc<sluice_redis::RedisStore>> {
+        match &self.shared.backend {
+            Backend::Redis(r) => Some(Arc::clone(r.connection())),
+            Backend::Local => None,
+        }
+    }
+
     /// How old the snapshot that checks read is: the time since it was last brought up to
     /// date with the store (zero for the local backend, whose tables are the truth; `None`
     /// before the first read).

@@ -142,6 +142,11 @@ impl RedisControl {
         self.store.command(&cmd).await
     }
 
+    /// The control plane's own connection (reservation records share it).
+    pub(crate) fn connection(&self) -> &Arc<RedisStore> {
+        &self.store
+    }
+
     /// How long ago the snapshot was last brought up to date with the store.
     pub(crate) fn snapshot_age(&self) -> Option<Duration> {
         self.synced_at.lock().map(|t| t.elapsed())

@@ -37,7 +37,7 @@ impl Limiter {
     }
 
     /// `policy` as `identity`'s checks see it: with the parameters of an override, if any.
-    fn effective(&self, identity: &Identity, policy: &Arc<Policy>) -> Arc<Policy> {
+    pub(super) fn effective(&self, identity: &Identity, policy: &Arc<Policy>) -> Arc<Policy> {
         let control = &self.inner.control;
         if !control.active() {
             return Arc::clone(policy);
@@ -49,7 +49,7 @@ impl Limiter {
     }
 
     /// Runs a store call that is not a check under the breaker and the call bound.
-    async fn guarded<T>(
+    pub(super) async fn guarded<T>(
         &self,
         call: impl std::future::Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
