@@ -30,10 +30,14 @@
 //! fingerprints ([`fingerprints`]), found again only by that key, so fresh identities start
 //! fresh; the traces that table has no room for in a sketch ([`summary`]). An eviction can
 //! never turn a denial into an admission; `docs/embedded-store.md` states the exact guarantee.
-//! Module `shard` holds one shard's table, its byte count and its summaries.
+//! Module `shard` holds one shard's table, its byte count and its summaries; module `cell`
+//! the atomic cells and the read path's one compare-and-swap loop, with the liveness rule
+//! every path shares; module `clock` the default clock ([`FastClock`]).
 #![forbid(unsafe_code)]
 
 mod adjust;
+mod cell;
+mod clock;
 mod evict;
 pub mod fingerprints;
 mod shard;
@@ -48,53 +52,11 @@ use parking_lot::Mutex;
 use sluice_core::algorithm::{self, State, Update};
 use sluice_core::{
     Algorithm, CheckItem, Clock, Decision, DenyReason, LeaseId, MultiDecision, Store, StoreError,
-    SystemClock, Timestamp,
+    Timestamp,
 };
 
+pub use clock::FastClock;
 use shard::{Entry, Lookup, Shard};
-
-/// The wall clock as of the store's creation, advanced by the CPU's time-stamp counter
-/// (through `quanta`; the OS monotonic clock where there is none). Reading it costs a few ns
-/// instead of the ~25-50 ns of `SystemTime::now` on a VM, which is a large share of an embedded
-/// decision; and it never jumps when NTP steps the wall clock. The default clock of
-/// [`MemoryStore`] (only this process compares its timestamps).
-#[derive(Debug, Clone)]
-pub struct FastClock {
-    base_us: Timestamp,
-    clock: quanta::Clock,
-    start_raw: u64,
-}
-
-impl FastClock {
-    /// A clock anchored at the wall clock now.
-    pub fn new() -> Self {
-        let clock = quanta::Clock::new();
-        Self {
-            base_us: SystemClock.now(),
-            start_raw: clock.raw(),
-            clock,
-        }
-    }
-
-    /// Now, in µs since the epoch: the raw counter scaled to ns since creation (no
-    /// `Duration` on the way).
-    #[inline]
-    pub fn now_us(&self) -> Timestamp {
-        self.base_us + self.clock.delta_as_nanos(self.start_raw, self.clock.raw()) / 1000
-    }
-}
-
-impl Default for FastClock {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Clock for FastClock {
-    fn now(&self) -> Timestamp {
-        self.now_us()
-    }
-}
 
 /// A shard's lock: a reader-writer lock split by thread (crossbeam's `ShardedLock`), so
 /// checks on several cores read-lock different cache lines, even for one hot key: only the
@@ -437,10 +399,11 @@ impl MemoryStore {
         outcome.decision
     }
 
-    /// The read path of a one-limit check: a key held in a [`shard::Cell`] of its algorithm
+    /// The read path of a one-limit check: a key held in a [`cell::Cell`] of its algorithm
     /// decides from the cell's word and writes with one compare-and-swap, deciding again if
-    /// another thread swapped first. `None` sends the check to the write path: the key is not
-    /// held in a cell of this algorithm, or the new state does not fit it.
+    /// another thread swapped first ([`cell::decide_in`], with its liveness rule). `None`
+    /// sends the check to the write path: the key is not held in a cell of this algorithm,
+    /// its state is at rest, or the new state does not fit the cell.
     #[inline]
     fn check_in_cell(
         shard: &Shard,
@@ -452,78 +415,7 @@ impl MemoryStore {
         if written_under != item.algorithm {
             return None;
         }
-        // GCRA, the common case, straight on its 64-bit word: the same function the general
-        // dispatch below calls, without building and dropping a `State` around it.
-        if let (Some(word), Algorithm::Gcra { rate, burst }) = (cell.gcra_word(), item.algorithm) {
-            loop {
-                let tat = word.load(Ordering::Acquire);
-                let seen = algorithm::gcra::State { tat };
-                let outcome = algorithm::gcra::decide(Some(&seen), *rate, *burst, now, item.cost);
-                match outcome.update {
-                    Update::Keep => return (tat > now).then_some(outcome.decision),
-                    Update::Put { state, .. } => {
-                        match word.compare_exchange_weak(
-                            tat,
-                            state.tat,
-                            Ordering::AcqRel,
-                            Ordering::Acquire,
-                        ) {
-                            Ok(_) => return Some(outcome.decision),
-                            Err(_) => continue,
-                        }
-                    }
-                    Update::Delete => return None,
-                }
-            }
-        }
-        if let (Some(word), Algorithm::TokenBucket { capacity, rate }) =
-            (cell.token_bucket_word(), item.algorithm)
-        {
-            use algorithm::token_bucket;
-            loop {
-                let seen = word.load(Ordering::Acquire);
-                let (tokens, last_ms) = shard::unpack(seen);
-                let state = token_bucket::State { tokens, last_ms };
-                let outcome = token_bucket::decide(Some(&state), *capacity, *rate, now, item.cost);
-                match outcome.update {
-                    Update::Keep => {
-                        let state = State::TokenBucket(state);
-                        let live = shard::expiry(&state, item.algorithm).is_some_and(|at| at > now);
-                        return live.then_some(outcome.decision);
-                    }
-                    Update::Put { state, .. } => {
-                        let bits = shard::pack(state.tokens, state.last_ms);
-                        match word.compare_exchange_weak(
-                            seen,
-                            bits,
-                            Ordering::AcqRel,
-                            Ordering::Acquire,
-                        ) {
-                            Ok(_) => return Some(outcome.decision),
-                            Err(_) => continue,
-                        }
-                    }
-                    Update::Delete => return None,
-                }
-            }
-        }
-        loop {
-            let (seen, state) = cell.load();
-            let outcome = algorithm::decide(item.algorithm, Some(&state), now, item.cost, None);
-            match outcome.update {
-                // A state back at rest goes to the write path, which drops it.
-                Update::Keep => {
-                    let live = shard::expiry(&state, item.algorithm).is_some_and(|at| at > now);
-                    return live.then_some(outcome.decision);
-                }
-                Update::Put { state, .. } => match cell.swap(seen, &state) {
-                    shard::Swap::Done => return Some(outcome.decision),
-                    shard::Swap::Raced => continue,
-                    shard::Swap::Unfit => return None,
-                },
-                Update::Delete => return None,
-            }
-        }
+        cell.decide(item.algorithm, now, item.cost)
     }
 
     /// The synchronous core of [`Store::check`]: evaluates and (if all admit) commits.
@@ -751,21 +643,5 @@ impl Store for MemoryStore {
     fn evictions(&self) -> Vec<(&'static str, u64)> {
         let c = self.eviction_counts();
         vec![("at_rest", c.at_rest), ("informative", c.informative)]
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn fast_clock_follows_the_wall_clock() {
-        let fast = FastClock::new();
-        let (a, wall, b) = (fast.now(), SystemClock.now(), fast.now());
-        assert!(a <= b);
-        // Close to the wall clock right after creation. The bound leaves room for the
-        // calibration and for a busy machine descheduling this thread between the reads (50 ms
-        // was seen exceeded under a parallel build); a wrong epoch or unit is off by far more.
-        assert!(wall.abs_diff(a) < 1_000_000, "fast {a} wall {wall}");
     }
 }

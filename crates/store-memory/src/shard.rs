@@ -3,7 +3,8 @@
 //!
 //! A state of two 64-bit fields or fewer (GCRA, token bucket, leaky bucket, fixed window) is
 //! held in a [`Cell`]: one 128-bit atomic word, so a check of a key already held decides under
-//! the shard's *read* lock and writes with one compare-and-swap (see the crate docs). Other
+//! the shard's *read* lock and writes with one compare-and-swap (module `cell`, which also
+//! states the liveness rule: a state is held while its rest time is after now). Other
 //! states (sliding windows, concurrency) are boxed [`Entry`]s changed under the write lock.
 //! The two shapes keep the table's slots at 64 bytes.
 //!
@@ -20,14 +21,11 @@
 //! of a key the map does not hold starts from the larger of the two bounds it finds.
 #![forbid(unsafe_code)]
 
-use std::sync::atomic::{AtomicU64, Ordering};
-
 use hashbrown::HashTable;
-use portable_atomic::AtomicU128;
-use sluice_core::algorithm::{
-    State, fixed_window, gcra, leaky_bucket, sliding_window_counter, token_bucket,
-};
+use sluice_core::algorithm::{State, rest_time};
 use sluice_core::{Algorithm, LeaseId, Timestamp};
+
+use crate::cell::{Cell, CellKind};
 
 use crate::fingerprints::{Fingerprints, Overflow};
 use crate::summary::{self, Sketch, Trace};
@@ -45,232 +43,6 @@ pub(crate) struct Entry {
     pub(crate) expires_at: Timestamp,
 }
 
-/// Which state a [`Cell`] holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum CellKind {
-    Gcra,
-    TokenBucket,
-    LeakyBucket,
-    FixedWindow,
-    /// Three fields in 48 + 40 + 40 bits, when they fit (else the state is boxed).
-    SlidingWindowCounter,
-}
-
-/// Bits of a sliding window counter's window start (ms) and of each of its two counts.
-const SWC_START_BITS: u32 = 48;
-const SWC_COUNT_BITS: u32 = 40;
-
-/// A small state in one atomic word: 64 bits for GCRA's one field, 128 for the others.
-///
-/// The word is all there is: when the state is back at rest follows from it and the slot's
-/// algorithm ([`expiry`]), so a check on the read path changes one word with one
-/// compare-and-swap and nothing else. The slot's policy always names the algorithm the state
-/// was written under (the write path updates it; the read path only serves checks of exactly
-/// that algorithm).
-#[derive(Debug)]
-pub(crate) enum Cell {
-    Gcra(AtomicU64),
-    Pair(CellKind, AtomicU128),
-}
-
-/// Two fields in one word: `hi` in the upper 64 bits.
-#[inline]
-pub(crate) fn pack(hi: u64, lo: u64) -> u128 {
-    (u128::from(hi) << 64) | u128::from(lo)
-}
-
-#[inline]
-pub(crate) fn unpack(bits: u128) -> (u64, u64) {
-    ((bits >> 64) as u64, bits as u64)
-}
-
-/// When `state`, written under `algorithm`, is back at rest: the `expires_at` the algorithm
-/// itself gives with that state (checked in debug builds on every write). `None` for states
-/// that are not kept in cells.
-#[inline]
-pub(crate) fn expiry(state: &State, algorithm: &Algorithm) -> Option<Timestamp> {
-    let ms = |last_ms: u64, wait_ms: u64| last_ms.saturating_add(wait_ms).saturating_mul(1000);
-    match (state, algorithm) {
-        (State::Gcra(s), Algorithm::Gcra { .. }) => Some(s.tat),
-        (State::TokenBucket(s), Algorithm::TokenBucket { capacity, rate }) => {
-            let r = rate.reduced();
-            let full = capacity.saturating_mul(r.per_ms);
-            Some(ms(
-                s.last_ms,
-                full.saturating_sub(s.tokens).div_ceil(r.amount.max(1)),
-            ))
-        }
-        (State::LeakyBucket(s), Algorithm::LeakyBucket { rate, .. }) => Some(ms(
-            s.last_ms,
-            s.level.div_ceil(rate.reduced().amount.max(1)),
-        )),
-        (State::FixedWindow(s), Algorithm::FixedWindow { window_ms, .. }) => {
-            let (_, end) = fixed_window::epoch_bounds((*window_ms).max(1), s.window_start);
-            Some(end.saturating_mul(1000))
-        }
-        (State::SlidingWindowCounter(s), Algorithm::SlidingWindowCounter { window_ms, .. }) => {
-            Some(
-                s.window_start
-                    .saturating_add(window_ms.saturating_mul(2))
-                    .saturating_mul(1000),
-            )
-        }
-        _ => None,
-    }
-}
-
-impl CellKind {
-    /// The kind of word that holds `state`, and the word; `None` for states that need more.
-    #[inline]
-    fn encode(state: &State) -> Option<(CellKind, u128)> {
-        Some(match *state {
-            State::Gcra(gcra::State { tat }) => (CellKind::Gcra, u128::from(tat)),
-            State::TokenBucket(token_bucket::State { tokens, last_ms }) => {
-                (CellKind::TokenBucket, pack(tokens, last_ms))
-            }
-            State::LeakyBucket(leaky_bucket::State { level, last_ms }) => {
-                (CellKind::LeakyBucket, pack(level, last_ms))
-            }
-            State::FixedWindow(fixed_window::State {
-                window_start,
-                count,
-            }) => (CellKind::FixedWindow, pack(window_start, count)),
-            State::SlidingWindowCounter(sliding_window_counter::State {
-                window_start,
-                curr,
-                prev,
-            }) => {
-                let fits = window_start >> SWC_START_BITS == 0
-                    && curr >> SWC_COUNT_BITS == 0
-                    && prev >> SWC_COUNT_BITS == 0;
-                if !fits {
-                    return None;
-                }
-                let bits = (u128::from(window_start) << (2 * SWC_COUNT_BITS))
-                    | (u128::from(curr) << SWC_COUNT_BITS)
-                    | u128::from(prev);
-                (CellKind::SlidingWindowCounter, bits)
-            }
-            _ => return None,
-        })
-    }
-
-    #[inline]
-    fn decode(self, bits: u128) -> State {
-        let (hi, lo) = unpack(bits);
-        match self {
-            CellKind::Gcra => State::Gcra(gcra::State { tat: bits as u64 }),
-            CellKind::TokenBucket => State::TokenBucket(token_bucket::State {
-                tokens: hi,
-                last_ms: lo,
-            }),
-            CellKind::LeakyBucket => State::LeakyBucket(leaky_bucket::State {
-                level: hi,
-                last_ms: lo,
-            }),
-            CellKind::FixedWindow => State::FixedWindow(fixed_window::State {
-                window_start: hi,
-                count: lo,
-            }),
-            CellKind::SlidingWindowCounter => {
-                let mask = (1u128 << SWC_COUNT_BITS) - 1;
-                State::SlidingWindowCounter(sliding_window_counter::State {
-                    window_start: (bits >> (2 * SWC_COUNT_BITS)) as u64,
-                    curr: ((bits >> SWC_COUNT_BITS) & mask) as u64,
-                    prev: (bits & mask) as u64,
-                })
-            }
-        }
-    }
-}
-
-/// What a compare-and-swap on a cell came to.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Swap {
-    /// The new state is in.
-    Done,
-    /// Another thread changed the cell first: decide again from the new word.
-    Raced,
-    /// The new state does not fit this cell: take the write path.
-    Unfit,
-}
-
-impl Cell {
-    fn new(kind: CellKind, bits: u128) -> Self {
-        match kind {
-            CellKind::Gcra => Cell::Gcra(AtomicU64::new(bits as u64)),
-            kind => Cell::Pair(kind, AtomicU128::new(bits)),
-        }
-    }
-
-    fn kind(&self) -> CellKind {
-        match self {
-            Cell::Gcra(_) => CellKind::Gcra,
-            Cell::Pair(kind, _) => *kind,
-        }
-    }
-
-    /// The word and the state it holds.
-    #[inline]
-    pub(crate) fn load(&self) -> (u128, State) {
-        let bits = match self {
-            Cell::Gcra(w) => u128::from(w.load(Ordering::Acquire)),
-            Cell::Pair(_, w) => w.load(Ordering::Acquire),
-        };
-        (bits, self.kind().decode(bits))
-    }
-
-    /// Replaces the word `seen` with `state` unless another thread changed it since.
-    #[inline]
-    pub(crate) fn swap(&self, seen: u128, state: &State) -> Swap {
-        match CellKind::encode(state) {
-            Some((kind, bits)) if kind == self.kind() => {
-                let swapped = match self {
-                    Cell::Gcra(w) => w
-                        .compare_exchange_weak(
-                            seen as u64,
-                            bits as u64,
-                            Ordering::AcqRel,
-                            Ordering::Acquire,
-                        )
-                        .is_ok(),
-                    Cell::Pair(_, w) => w
-                        .compare_exchange_weak(seen, bits, Ordering::AcqRel, Ordering::Acquire)
-                        .is_ok(),
-                };
-                if swapped { Swap::Done } else { Swap::Raced }
-            }
-            _ => Swap::Unfit,
-        }
-    }
-
-    /// GCRA's theoretical arrival time, for a cell of GCRA.
-    #[inline]
-    pub(crate) fn gcra_word(&self) -> Option<&AtomicU64> {
-        match self {
-            Cell::Gcra(w) => Some(w),
-            Cell::Pair(..) => None,
-        }
-    }
-
-    /// The word of a token bucket's cell: tokens in the upper half, `last_ms` in the lower.
-    #[inline]
-    pub(crate) fn token_bucket_word(&self) -> Option<&AtomicU128> {
-        match self {
-            Cell::Pair(CellKind::TokenBucket, w) => Some(w),
-            _ => None,
-        }
-    }
-
-    /// Overwrites the word (under the write lock).
-    fn set(&mut self, bits: u128) {
-        match self {
-            Cell::Gcra(w) => *w.get_mut() = bits as u64,
-            Cell::Pair(_, w) => *w.get_mut() = bits,
-        }
-    }
-}
-
 /// How a slot holds its state.
 #[derive(Debug)]
 enum Value {
@@ -282,7 +54,7 @@ impl Value {
     /// A cell when the state fits one and its expiry follows from it and `algorithm` (the
     /// slot's policy, `None` for keys of the shared sketch); else a box.
     fn of(entry: Entry, algorithm: Option<&Algorithm>) -> Self {
-        let derived = algorithm.and_then(|a| expiry(&entry.state, a));
+        let derived = algorithm.and_then(|a| rest_time(a, &entry.state));
         match (CellKind::encode(&entry.state), derived) {
             (Some((kind, bits)), Some(at)) => {
                 debug_assert_eq!(
@@ -300,9 +72,9 @@ impl Value {
     fn held(&self, algorithm: Option<&Algorithm>) -> Held<'_> {
         match self {
             Value::Cell(c) => {
-                let (_, state) = c.load();
+                let (_, state) = c.read();
                 let expires_at = algorithm
-                    .and_then(|a| expiry(&state, a))
+                    .and_then(|a| rest_time(a, &state))
                     .unwrap_or(Timestamp::MAX);
                 Held::Copied(Entry { state, expires_at })
             }
@@ -315,7 +87,7 @@ impl Value {
     fn expires_at(&self, algorithm: Option<&Algorithm>) -> Timestamp {
         match self {
             Value::Cell(c) => algorithm
-                .and_then(|a| expiry(&c.load().1, a))
+                .and_then(|a| rest_time(a, &c.read().1))
                 .unwrap_or(Timestamp::MAX),
             Value::Boxed(e) => e.expires_at,
         }
@@ -662,7 +434,7 @@ impl Shard {
         }
         let algorithm = algorithm_of(policies, s.policy);
         // In place when the shape stays (no allocation); else a new value.
-        let fits = || algorithm.and_then(|a| expiry(&entry.state, a));
+        let fits = || algorithm.and_then(|a| rest_time(a, &entry.state));
         match (&mut s.value, CellKind::encode(&entry.state)) {
             (Value::Cell(c), Some((kind, bits))) if c.kind() == kind && fits().is_some() => {
                 debug_assert_eq!(fits(), Some(entry.expires_at), "{:?}", entry.state);
@@ -797,40 +569,5 @@ mod tests {
     #[test]
     fn a_slot_fits_one_cache_line() {
         assert_eq!(std::mem::size_of::<Slot>(), 64);
-    }
-
-    #[test]
-    fn every_two_field_state_round_trips_through_its_cell() {
-        let states = [
-            State::Gcra(gcra::State { tat: u64::MAX - 1 }),
-            State::TokenBucket(token_bucket::State {
-                tokens: u64::MAX,
-                last_ms: 1_700_000_000_000,
-            }),
-            State::LeakyBucket(leaky_bucket::State {
-                level: 3,
-                last_ms: u64::MAX,
-            }),
-            State::FixedWindow(fixed_window::State {
-                window_start: 1_700_000_000_000,
-                count: 0,
-            }),
-            State::SlidingWindowCounter(sliding_window_counter::State {
-                window_start: (1 << 48) - 1,
-                curr: (1 << 40) - 1,
-                prev: 12,
-            }),
-        ];
-        for state in states {
-            let (kind, bits) = CellKind::encode(&state).unwrap();
-            assert_eq!(kind.decode(bits), state);
-        }
-        // Counts beyond 40 bits are boxed, not truncated.
-        let big = State::SlidingWindowCounter(sliding_window_counter::State {
-            window_start: 1_700_000_000_000,
-            curr: 1 << 40,
-            prev: 0,
-        });
-        assert!(CellKind::encode(&big).is_none());
     }
 }

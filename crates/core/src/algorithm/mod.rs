@@ -153,6 +153,42 @@ pub fn decide(
     }
 }
 
+/// When `state`, written under `algorithm`, is back to its initial value, derived from the
+/// state and the parameters alone: the `expires_at` [`decide`] gives with that state. A store
+/// that keeps the state without its expiry (the embedded store's atomic cells) judges
+/// liveness by it. `None` where the state alone does not tell (a sliding log, leases,
+/// calendar windows: their expiry is stored with them) or the state is another algorithm's.
+pub fn rest_time(algorithm: &Algorithm, state: &State) -> Option<Timestamp> {
+    let ms = |last_ms: u64, wait_ms: u64| last_ms.saturating_add(wait_ms).saturating_mul(1000);
+    match (state, algorithm) {
+        (State::Gcra(s), Algorithm::Gcra { .. }) => Some(s.tat),
+        (State::TokenBucket(s), Algorithm::TokenBucket { capacity, rate }) => {
+            let r = rate.reduced();
+            let full = capacity.saturating_mul(r.per_ms);
+            Some(ms(
+                s.last_ms,
+                full.saturating_sub(s.tokens).div_ceil(r.amount.max(1)),
+            ))
+        }
+        (State::LeakyBucket(s), Algorithm::LeakyBucket { rate, .. }) => Some(ms(
+            s.last_ms,
+            s.level.div_ceil(rate.reduced().amount.max(1)),
+        )),
+        (State::FixedWindow(s), Algorithm::FixedWindow { window_ms, .. }) => {
+            let (_, end) = fixed_window::epoch_bounds((*window_ms).max(1), s.window_start);
+            Some(end.saturating_mul(1000))
+        }
+        (State::SlidingWindowCounter(s), Algorithm::SlidingWindowCounter { window_ms, .. }) => {
+            Some(
+                s.window_start
+                    .saturating_add(window_ms.saturating_mul(2))
+                    .saturating_mul(1000),
+            )
+        }
+        _ => None,
+    }
+}
+
 /// Releases a concurrency lease; `(was held, update)`. Other algorithms hold no leases.
 pub fn release(state: Option<&State>, now: Timestamp, lease: &LeaseId) -> (bool, Update<State>) {
     match state {
