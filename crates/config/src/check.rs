@@ -39,16 +39,9 @@ pub(super) fn hex32(s: &str) -> Result<[u8; 32], String> {
     Ok(out)
 }
 
-/// `open`, `closed` or `local`.
+/// `open`, `closed` or `local` ([`FailureMode`]'s own `FromStr`).
 pub(super) fn failure_mode(s: &str) -> Result<FailureMode, String> {
-    match s {
-        "open" => Ok(FailureMode::Open),
-        "closed" => Ok(FailureMode::Closed),
-        "local" => Ok(FailureMode::Local),
-        other => Err(format!(
-            "unknown failure mode {other:?}: expected open, closed or local"
-        )),
-    }
+    s.parse()
 }
 
 /// A duration such as `50ms`, `10s`, `1m`.

@@ -27,6 +27,7 @@ pub mod envoy;
 pub mod limits;
 pub mod error;
 mod identity;
+mod layers;
 pub mod policy;
 mod raw;
 mod routes;
@@ -52,6 +53,7 @@ use crate::limits::{ConnectionLimits, GrpcLimits};
 pub use envoy_section::load_domain_yaml;
 pub use error::{ConfigError, ConfigErrors, field_at, line_of};
 pub use identity::IdentitySource;
+pub use layers::{route_deciders, route_layers, route_rule};
 pub use routes::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT};
 pub use store::DEFAULT_MAX_MEMORY;
 

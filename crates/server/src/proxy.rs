@@ -1,7 +1,9 @@
 //! The reverse proxy: sluice in front of an upstream (a FastAPI or Express app, anything
 //! speaking HTTP/1.1), enforcing the policies of each route.
 //!
-//! Enforcement is the `sluice-http` tower layer, the same code an axum app links, so a route
+//! Enforcement is the `sluice-http` tower layer, the same code an axum app links, deciding
+//! through the same [`sluice_http::Decider`] as the Python and Node middleware, and built
+//! from the route by [`sluice_config::route_layers`] as they build theirs, so a route
 //! behaves exactly like the layer: identities (hashed API keys, bearer tokens, client IP behind
 //! trusted proxies only), 429 with problem+json and `Retry-After`, fail-closed 503, shaping
 //! delays, concurrency leases held until the response body ends, RateLimit headers on admitted
@@ -40,12 +42,11 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use parking_lot::Mutex;
-use sluice_http::{ClientIpConfig, RateLimitLayer, Rule, UpstreamFailed};
+use sluice_http::{Rule, UpstreamFailed};
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, ServiceExt};
 
 use crate::api::problem;
-use crate::config::PolicyConfig;
 use crate::state::{Runtime, Shared};
 
 type RouteService = BoxCloneSyncService<Request, Response, Infallible>;
@@ -96,10 +97,6 @@ fn http_client(connect_timeout: Duration) -> HttpClient {
 
 fn build_table(rt: &Runtime, client: HttpClient) -> Table {
     let config = &rt.config;
-    let client_ip = ClientIpConfig {
-        trusted: config.proxy.trusted_proxies.clone(),
-        ..ClientIpConfig::default()
-    };
     let mut routes = Vec::with_capacity(config.routes.len());
     for route in &config.routes {
         let upstream = route.upstream.clone();
@@ -111,44 +108,17 @@ fn build_table(rt: &Runtime, client: HttpClient) -> Table {
                 let upstream = upstream.clone();
                 async move { Ok::<_, Infallible>(forward(&client, &upstream, timeout, req).await) }
             }));
-        // One layer per identity source, in the order the policies are listed (first is outermost).
-        let mut groups: Vec<(&PolicyConfig, Vec<Arc<sluice::Policy>>)> = Vec::new();
-        for name in &route.policies {
-            let Some(pc) = config.policies.get(name) else {
-                continue;
-            };
-            match groups.iter_mut().find(|g| g.0.identity == pc.identity) {
-                Some(g) => g.1.push(Arc::clone(&pc.policy)),
-                None => groups.push((pc, vec![Arc::clone(&pc.policy)])),
-            }
-        }
-        for (first, policies) in groups.into_iter().rev() {
-            let mut rule = Rule::new("/").count(route.count.clone());
-            for p in policies {
-                rule = rule.policy(p);
-            }
-            let mut b = RateLimitLayer::builder(rt.limiter.clone())
-                .rule(rule)
-                .hash_key(config.identity_hash_key)
-                .client_ip(client_ip.clone())
-                .headers(config.headers);
-            if let Some(s) = first.layer_identity.clone() {
-                b = b.identity(s);
-            }
-            let layered = b.build().layer(service);
+        // The first layer listed is the outermost, so it is applied last.
+        for layer in sluice_config::route_layers(config, route, &rt.limiter)
+            .into_iter()
+            .rev()
+        {
+            let layered = layer.layer(service);
             service = BoxCloneSyncService::new(
                 layered.map_response(|res: http::Response<_>| res.map(Body::new)),
             );
         }
-        let mut rule = Rule::new(route.prefix.clone())
-            .methods(route.methods.iter().cloned())
-            .case_insensitive(route.case_insensitive);
-        for name in &route.policies {
-            if let Some(pc) = config.policies.get(name) {
-                rule = rule.policy(Arc::clone(&pc.policy));
-            }
-        }
-        routes.push((rule, service));
+        routes.push((sluice_config::route_rule(config, route), service));
     }
     routes.sort_by(|a, b| a.0.precedence(&b.0));
     Table {

@@ -157,14 +157,6 @@ pub(super) fn parse_identity(
     }
 }
 
-fn verdict_name(v: &Verdict) -> &'static str {
-    match v {
-        Verdict::Decided => "decided",
-        Verdict::FailedOpen(_) => "failed_open",
-        Verdict::FailedClosed(_) => "failed_closed",
-    }
-}
-
 fn reason_name(d: &Decision) -> Value {
     match d.reason {
         None => Value::Null,
@@ -227,7 +219,7 @@ fn check_answer(checked: &Checked, opts: &HeaderOptions) -> Value {
         "retry_after_ms": lead.wait_ms(),
         "reset_after_ms": reset,
         "delay_ms": checked.delay_ms(),
-        "verdict": verdict_name(&checked.verdict),
+        "verdict": checked.verdict.as_str(),
         "policies": policies,
         "headers": headers,
         "lease": lease,

@@ -66,8 +66,7 @@ fn store_failed(endpoint: &'static str, e: &ControlError) -> Response {
                 json!({"table": table, "max": max}),
             );
         }
-        ControlError::Store(sluice::StoreError::Invalid(_)) => StatusCode::BAD_REQUEST,
-        ControlError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+        ControlError::Store(e) => sluice_http::headers::store_error_status(e),
     };
     count(endpoint, status);
     problem(status, &format!("the change was not stored: {e}"))

@@ -131,10 +131,7 @@ fn state_answer(target: &Target, d: &Decision) -> Value {
 }
 
 fn store_failure(op: Op, e: &StoreError) -> Response {
-    let status = match e {
-        StoreError::Invalid(_) => StatusCode::BAD_REQUEST,
-        _ => StatusCode::SERVICE_UNAVAILABLE,
-    };
+    let status = sluice_http::headers::store_error_status(e);
     count(op.name(), status);
     let detail = match e {
         StoreError::Invalid(msg) => msg.clone(),
