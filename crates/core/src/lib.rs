@@ -22,6 +22,6 @@ pub mod store;
 
 pub use clock::{Clock, ManualClock, SystemClock, Timestamp};
 pub use decision::{Decision, DenyReason, LeaseId, MultiDecision};
-pub use key::{Identity, KeyScheme};
+pub use key::{ClientNet, Identity, KeyScheme};
 pub use policy::{Algorithm, DecisionMode, FailureMode, LeakyMode, Policy, PolicyError, Rate};
 pub use store::{CheckItem, Store, StoreError};

@@ -74,7 +74,7 @@ where
 }
 
 async fn reason(l: &Limiter, who: &str, p: &Arc<Policy>) -> (Verdict, Option<DenyReason>) {
-    let c = l.check(&Identity::new(who), p, 1).await;
+    let c = l.check(&client(who), p, 1).await;
     (
         c.verdict.clone(),
         c.limits[0].decision.as_ref().and_then(|d| d.reason),
@@ -624,7 +624,7 @@ async fn control_plane_size_figures() {
             } else {
                 format!("ip:192.168.{}.{}", (i >> 8) & 255, i & 255)
             };
-            let id = Identity::new(who);
+            let id = client(&who);
             let t = Instant::now();
             let c = l.check(&id, &p, 1).await;
             took.push(t.elapsed());
@@ -643,4 +643,10 @@ async fn control_plane_size_figures() {
             }
         );
     }
+}
+
+/// The identity the tower layer gives a client of this address (`ip:ADDRESS`), carrying the
+/// address, so the deny list's networks apply; any other text is a plain identity.
+fn client(who: &str) -> Identity {
+    Identity::parse_client_ip(who).unwrap_or_else(|| Identity::new(who))
 }

@@ -27,9 +27,27 @@ fn escape_part(out: &mut String, s: &str) {
     }
 }
 
+/// The descriptor key Envoy's `remote_address` action writes the downstream address under.
+pub const REMOTE_ADDRESS: &str = "remote_address";
+
 /// The identity of one request descriptor: `envoy:<domain>:<k1>=<v1>/<k2>=<v2>`, each part
-/// escaped; the key scheme escapes the whole again for the hash tag.
+/// escaped; the key scheme escapes the whole again for the hash tag. A descriptor with a
+/// `remote_address` entry holding an address (the last one, if several) carries that
+/// address, typed, so the control plane's network lists match it without reading the text.
 pub fn envoy_identity(domain: &str, entries: &[(&str, &str)]) -> Identity {
+    let identity = envoy_identity_text(domain, entries);
+    match entries
+        .iter()
+        .rev()
+        .find(|(k, _)| *k == REMOTE_ADDRESS)
+        .and_then(|(_, v)| v.parse::<std::net::IpAddr>().ok())
+    {
+        Some(addr) => identity.with_network(sluice::core::ClientNet::host(addr)),
+        None => identity,
+    }
+}
+
+fn envoy_identity_text(domain: &str, entries: &[(&str, &str)]) -> Identity {
     let mut s = String::with_capacity(16 + domain.len() + entries.len() * 16);
     s.push_str("envoy:");
     escape_part(&mut s, domain);
@@ -287,5 +305,30 @@ mod tests {
             envoy_identity("edge", &[("remote_address", "10.0.0.1")]).as_str(),
             "envoy:edge:remote_address=10.0.0.1"
         );
+    }
+
+    #[test]
+    fn a_remote_address_entry_is_carried_typed() {
+        let ip = |s: &str| Some(sluice::core::ClientNet::host(s.parse().unwrap()));
+        let v4 = envoy_identity("edge", &[("path", "/a"), ("remote_address", "10.0.0.1")]);
+        assert_eq!(v4.as_str(), "envoy:edge:path=%2Fa/remote_address=10.0.0.1");
+        assert_eq!(v4.network(), ip("10.0.0.1"));
+        let v6 = envoy_identity("edge", &[("remote_address", "2001:db8::1")]);
+        assert_eq!(v6.as_str(), "envoy:edge:remote_address=2001%3Adb8%3A%3A1");
+        assert_eq!(v6.network(), ip("2001:db8::1"));
+        // Only the key Envoy writes the address under; other entries are text.
+        assert_eq!(
+            envoy_identity("edge", &[("user", "10.0.0.1")]).network(),
+            None
+        );
+        assert_eq!(
+            envoy_identity("edge", &[("remote_address", "not-an-address")]).network(),
+            None
+        );
+        // A value long enough to be hashed keeps the address.
+        let long = "x".repeat(600);
+        let hashed = envoy_identity("edge", &[("path", &long), ("remote_address", "10.0.0.2")]);
+        assert!(hashed.as_str().starts_with("envoy:edge:h"));
+        assert_eq!(hashed.network(), ip("10.0.0.2"));
     }
 }

@@ -30,8 +30,9 @@ use std::sync::Arc;
 use axum::extract::ConnectInfo;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName};
-use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use ipnet::IpNet;
 use sluice::Identity;
+use sluice::core::ClientNet;
 
 pub mod jwt;
 pub mod request;
@@ -229,32 +230,15 @@ impl ClientIpConfig {
     }
 
     /// The identity of a client address: `ip:203.0.113.7`, `ip6:2001:db8:1:2::/64`, or the
-    /// network when the prefix is shorter than the address (`ip:203.0.113.0/24`).
+    /// network when the prefix is shorter than the address (`ip:203.0.113.0/24`). It carries
+    /// the address (or group), typed, for the control plane's network lists.
     pub fn group(&self, ip: IpAddr) -> Identity {
-        match ip.to_canonical() {
-            IpAddr::V4(v4) => {
-                let p = self.ipv4_prefix.min(32);
-                if p == 32 {
-                    Identity::new(format!("ip:{v4}"))
-                } else {
-                    let net = Ipv4Net::new(v4, p)
-                        .map(|n| n.trunc())
-                        .unwrap_or_else(|_| Ipv4Net::from(v4));
-                    Identity::new(format!("ip:{net}"))
-                }
-            }
-            IpAddr::V6(v6) => {
-                let p = self.ipv6_prefix.min(128);
-                if p == 128 {
-                    Identity::new(format!("ip6:{v6}"))
-                } else {
-                    let net = Ipv6Net::new(v6, p)
-                        .map(|n| n.trunc())
-                        .unwrap_or_else(|_| Ipv6Net::from(v6));
-                    Identity::new(format!("ip6:{net}"))
-                }
-            }
-        }
+        let prefix = if ip.to_canonical().is_ipv4() {
+            self.ipv4_prefix
+        } else {
+            self.ipv6_prefix
+        };
+        Identity::client_ip(ClientNet::new(ip, prefix))
     }
 }
 

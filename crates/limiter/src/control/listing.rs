@@ -4,7 +4,7 @@
 //! one costs the same with a million entries as with a hundred (and holds the tables' read
 //! lock as briefly): with more entries than `limit` it shows some of them, sorted.
 
-use super::tables::OverrideTarget;
+use super::entries::OverrideTarget;
 use super::{ControlPlane, ListKind};
 
 /// One live override.

@@ -21,23 +21,37 @@
 //! [`ControlError::Full`]. Entries with an end are removed after it by a periodic sweep, in
 //! memory and in the store.
 
+mod clock;
+mod config;
+mod entries;
 pub(crate) mod hook;
 pub mod listing;
+mod made;
+mod networks;
 #[cfg(feature = "redis")]
 mod redis;
-pub mod tables;
+mod store_format;
+mod strikes;
+mod sweep;
+mod tables;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
-use sluice_core::{Algorithm, Clock, Policy, StoreError, SystemClock};
+use sluice_core::{Clock, StoreError, SystemClock};
 
+use clock::Now;
+pub(crate) use config::Table;
+pub use config::{BanRule, ControlConfig, ControlError, ControlLimits, ListKind};
+pub use entries::{BanEntry, ListEntry, OverrideEntry, OverrideTarget};
+pub(crate) use hook::Screen;
 pub use listing::{ControlListing, ListedBan, ListedEntry, ListedOverride};
-pub use tables::{BanEntry, ListEntry, OverrideEntry, OverrideTarget, TableSizes};
-use tables::{Found, Now, Tables};
+use strikes::Strikes;
+use sweep::spawn_sweeper;
+pub use tables::TableSizes;
+use tables::Tables;
 
 /// How often an instance on a shared store reads the changes of the control entries.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
@@ -47,175 +61,6 @@ pub const SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The most list entries one [`ControlPlane::list_add_many`] takes.
 pub const MAX_BULK: usize = 10_000;
-
-/// The most entries of each control table (`[control]` in the server's configuration).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ControlLimits {
-    /// Runtime allow-list entries (default 1,000,000).
-    pub max_allow: u64,
-    /// Runtime deny-list entries (default 2,000,000).
-    pub max_deny: u64,
-    /// Bans, one per identity and scope, automatic ones included (default 1,000,000).
-    pub max_bans: u64,
-    /// Overrides, one per policy and identity (default 1,000,000).
-    pub max_overrides: u64,
-    /// The largest request body the HTTP control endpoints read, in bytes (default 6 MiB:
-    /// a bulk import of [`MAX_BULK`] entries fits). The control plane itself ignores it.
-    pub max_body_bytes: u64,
-}
-
-impl Default for ControlLimits {
-    fn default() -> Self {
-        ControlLimits {
-            max_allow: 1_000_000,
-            max_deny: 2_000_000,
-            max_bans: 1_000_000,
-            max_overrides: 1_000_000,
-            max_body_bytes: 6 << 20,
-        }
-    }
-}
-
-impl ControlLimits {
-    fn max_of(&self, table: Table) -> u64 {
-        match table {
-            Table::Overrides => self.max_overrides,
-            Table::Bans => self.max_bans,
-            Table::Allow => self.max_allow,
-            Table::Deny => self.max_deny,
-        }
-    }
-}
-
-/// Why a change was not made.
-#[derive(Debug, thiserror::Error)]
-pub enum ControlError {
-    /// The table holds its most entries already; nothing changed.
-    #[error("the {table} table is full: it holds at most {max} entries (control.max_{table})")]
-    Full {
-        /// `allow`, `deny`, `bans` or `overrides`.
-        table: &'static str,
-        /// Its most entries.
-        max: u64,
-    },
-    /// The store refused or did not answer, or the request was invalid
-    /// ([`StoreError::Invalid`]); nothing changed.
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-/// One control table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Table {
-    Overrides,
-    Bans,
-    Allow,
-    Deny,
-}
-
-impl Table {
-    fn of(kind: ListKind) -> Self {
-        match kind {
-            ListKind::Allow => Table::Allow,
-            ListKind::Deny => Table::Deny,
-        }
-    }
-
-    /// Its name in messages and in `control.max_*`.
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Table::Overrides => "overrides",
-            Table::Bans => "bans",
-            Table::Allow => "allow",
-            Table::Deny => "deny",
-        }
-    }
-
-    /// Its one-letter code in the store's log and expiry set.
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    fn code(self) -> &'static str {
-        match self {
-            Table::Overrides => "o",
-            Table::Bans => "b",
-            Table::Allow => "a",
-            Table::Deny => "d",
-        }
-    }
-
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    fn from_code(code: &str) -> Option<Self> {
-        Some(match code {
-            "o" => Table::Overrides,
-            "b" => Table::Bans,
-            "a" => Table::Allow,
-            "d" => Table::Deny,
-            _ => return None,
-        })
-    }
-}
-
-/// A policy's automatic ban: `after` denials within `within_ms` ban the identity for
-/// `duration_ms`; each ban while the previous one's level is remembered lasts `multiplier`
-/// times longer, at most `max_ms`. The level is forgotten `max_ms` after a ban ends.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BanRule {
-    /// Denials that trigger a ban.
-    pub after: u32,
-    /// The window the denials are counted in, ms.
-    pub within_ms: u64,
-    /// The first ban's length, ms.
-    pub duration_ms: u64,
-    /// Growth of each repeat ban.
-    pub multiplier: f64,
-    /// The longest ban, ms.
-    pub max_ms: u64,
-}
-
-impl BanRule {
-    /// The length of a ban at escalation `level` (0 for the first).
-    pub fn duration_at(&self, level: u32) -> u64 {
-        let ms = self.duration_ms as f64 * self.multiplier.powi(level.min(64) as i32);
-        if ms.is_finite() {
-            (ms as u64).clamp(1, self.max_ms.max(1))
-        } else {
-            self.max_ms.max(1)
-        }
-    }
-}
-
-/// What the configuration contributes: plans, ban rules and the lists written in the file.
-#[derive(Debug, Clone, Default)]
-pub struct ControlConfig {
-    /// Plan name, then policy name, to the parameters of that policy in that plan.
-    pub plans: HashMap<String, HashMap<String, Algorithm>>,
-    /// Policy name to its automatic ban.
-    pub bans: HashMap<String, BanRule>,
-    /// Identities and networks that bypass every limit.
-    pub allow: Vec<ListEntry>,
-    /// Identities and networks refused by every policy.
-    pub deny: Vec<ListEntry>,
-    /// The most entries of each table.
-    pub limits: ControlLimits,
-}
-
-/// Which list.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ListKind {
-    /// Bypasses limits.
-    Allow,
-    /// Refused.
-    Deny,
-}
-
-/// What the control plane says about one policy of a check.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum Screen {
-    Pass,
-    Override(Arc<Policy>),
-    Allowed,
-    Denied,
-    Banned(u64),
-}
 
 #[derive(Debug, Default)]
 struct Configured {
@@ -230,19 +75,6 @@ enum Backend {
     Redis(Box<redis::RedisControl>),
 }
 
-/// Counters of the embedded backend's automatic bans.
-#[derive(Debug, Default)]
-struct Strikes {
-    /// (policy, identity) to (denials, window start ms).
-    counts: HashMap<(String, String), (u32, u64)>,
-    /// (policy, identity) to (escalation level, forgotten at ms).
-    levels: HashMap<(String, String), (u32, u64)>,
-}
-
-/// The most identities whose denials (and escalation levels) the embedded backend counts
-/// at once.
-const MAX_STRIKE_ENTRIES: usize = 100_000;
-
 #[derive(Debug)]
 pub(crate) struct Shared {
     clock: Arc<dyn Clock>,
@@ -256,7 +88,7 @@ pub(crate) struct Shared {
     backend: Backend,
     strikes: Mutex<Strikes>,
     /// The policies overrides make, shared by the identities with the same parameters.
-    made: tables::MadePolicies,
+    made: made::MadePolicies,
     /// Automatic bans this instance set.
     automatic_bans: std::sync::atomic::AtomicU64,
     /// Itself, for background tasks that must not keep it alive.
@@ -302,7 +134,7 @@ impl ControlPlane {
             generation: std::sync::atomic::AtomicU64::new(0),
             backend,
             strikes: Mutex::new(Strikes::default()),
-            made: tables::MadePolicies::default(),
+            made: made::MadePolicies::default(),
             automatic_bans: std::sync::atomic::AtomicU64::new(0),
             me: std::sync::OnceLock::new(),
         });
@@ -650,133 +482,6 @@ impl ControlPlane {
         self.shared.update_active();
         Ok(removed)
     }
-
-    /// True when some entry or list could change a decision.
-    pub(crate) fn active(&self) -> bool {
-        self.shared.active.load(Ordering::Relaxed)
-    }
-
-    /// What the control plane says about `identity` under `policy`. Order: deny list, allow
-    /// list, ban, override.
-    pub(crate) fn screen(&self, identity: &str, policy: &Arc<Policy>, now_ms: u64) -> Screen {
-        self.screen_lazy(identity, policy, &Now::at(now_ms))
-    }
-
-    /// [`Self::screen`] at a time read only if an entry needs it.
-    pub(crate) fn screen_lazy(
-        &self,
-        identity: &str,
-        policy: &Arc<Policy>,
-        now: &Now<'_>,
-    ) -> Screen {
-        let tables = self.shared.tables.read();
-        match tables.screen(identity, &policy.name, now) {
-            Found::Pass => Screen::Pass,
-            Found::Denied => Screen::Denied,
-            Found::Allowed => Screen::Allowed,
-            Found::Banned(left) => Screen::Banned(left),
-            // An override made for another algorithm (the policy changed since) is ignored.
-            Found::Override(o, Some(a)) if a.kind() == policy.algorithm.kind() => {
-                let generation = self.shared.generation.load(Ordering::Relaxed);
-                Screen::Override(o.resolve(policy, generation, a, &self.shared.made))
-            }
-            Found::Override(..) => Screen::Pass,
-        }
-    }
-
-    /// The time of one decision, read from the clock only if an entry needs it.
-    pub(crate) fn now(&self) -> Now<'_> {
-        Now::lazy(&*self.shared.clock)
-    }
-
-    /// The clock of the entries, Unix ms.
-    pub(crate) fn clock_ms(&self) -> u64 {
-        self.now_ms()
-    }
-
-    /// Counts a denial of `identity` by `policy` towards the policy's automatic ban.
-    pub(crate) fn note_denial(&self, identity: &str, policy: &str) {
-        if !self.shared.has_ban_rules.load(Ordering::Relaxed) {
-            return;
-        }
-        let Some(rule) = self
-            .shared
-            .configured
-            .read()
-            .config
-            .bans
-            .get(policy)
-            .cloned()
-        else {
-            return;
-        };
-        let now = self.now_ms();
-        if self
-            .shared
-            .tables
-            .read()
-            .ban_left_ms(identity, policy, &Now::at(now))
-            > 0
-        {
-            return;
-        }
-        match &self.shared.backend {
-            Backend::Local => {
-                if let Some(ban) = self.local_strike(identity, policy, &rule, now) {
-                    self.shared.tables.write().add_ban(identity, ban);
-                    self.shared.automatic_bans.fetch_add(1, Ordering::Relaxed);
-                    self.shared.update_active();
-                    metrics::counter!("sluice_bans_total", "policy" => policy.to_string(), "source" => "automatic")
-                        .increment(1);
-                }
-            }
-            #[cfg(feature = "redis")]
-            Backend::Redis(r) => r.strike(&self.shared, identity, policy, rule, now),
-        }
-    }
-
-    fn local_strike(
-        &self,
-        identity: &str,
-        policy: &str,
-        rule: &BanRule,
-        now: u64,
-    ) -> Option<BanEntry> {
-        let mut s = self.shared.strikes.lock();
-        if s.counts.len() >= MAX_STRIKE_ENTRIES {
-            s.counts
-                .retain(|_, (_, start)| now < start.saturating_add(rule.within_ms));
-            if s.counts.len() >= MAX_STRIKE_ENTRIES {
-                return None;
-            }
-        }
-        let key = (policy.to_string(), identity.to_string());
-        let count = s.counts.entry(key.clone()).or_insert((0, now));
-        if now >= count.1.saturating_add(rule.within_ms) {
-            *count = (0, now);
-        }
-        count.0 += 1;
-        if count.0 < rule.after {
-            return None;
-        }
-        s.counts.remove(&key);
-        let level = match s.levels.get(&key) {
-            Some(&(level, forget_at)) if forget_at > now => level,
-            _ => 0,
-        };
-        let until = now.saturating_add(rule.duration_at(level));
-        if s.levels.len() >= MAX_STRIKE_ENTRIES && !s.levels.contains_key(&key) {
-            s.levels.retain(|_, (_, forget_at)| *forget_at > now);
-        }
-        if s.levels.len() < MAX_STRIKE_ENTRIES || s.levels.contains_key(&key) {
-            s.levels
-                .insert(key, (level + 1, until.saturating_add(rule.max_ms)));
-        }
-        Some(BanEntry {
-            policies: Some(vec![policy.to_string()]),
-            until_ms: until,
-        })
-    }
 }
 
 impl Shared {
@@ -792,54 +497,6 @@ impl Shared {
     fn limits(&self) -> ControlLimits {
         self.configured.read().config.limits
     }
-
-    /// Removes what ended from memory (and the store's tables on Redis): the tables in
-    /// batches, each under a short write lock, then the embedded backend's strike counters
-    /// and escalation levels.
-    async fn sweep(&self) {
-        #[cfg(feature = "redis")]
-        if let Backend::Redis(r) = &self.backend
-            && let Err(e) = r.sweep(self, 20).await
-        {
-            tracing::debug!(error = %e, "control plane: ended entries not swept this time");
-        }
-        let now = self.now_ms();
-        let mut removed = 0;
-        loop {
-            let n = self.tables.write().sweep(now, 512);
-            removed += n;
-            if n < 512 {
-                break;
-            }
-            tokio::task::yield_now().await;
-        }
-        if removed > 0 {
-            self.update_active();
-        }
-        let rules = self.configured.read().config.bans.clone();
-        let mut s = self.strikes.lock();
-        s.levels.retain(|_, (_, forget_at)| *forget_at > now);
-        s.counts.retain(|(policy, _), (_, start)| {
-            rules
-                .get(policy)
-                .is_some_and(|r| now < start.saturating_add(r.within_ms))
-        });
-    }
-}
-
-/// Sweeps ended entries every [`SWEEP_INTERVAL`] until the control plane is dropped (only
-/// inside a Tokio runtime; without one, ended entries stay in memory, inert, until removed).
-fn spawn_sweeper(weak: std::sync::Weak<Shared>) {
-    let Ok(handle) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    handle.spawn(async move {
-        loop {
-            tokio::time::sleep(SWEEP_INTERVAL).await;
-            let Some(shared) = weak.upgrade() else { return };
-            shared.sweep().await;
-        }
-    });
 }
 
 /// Connects to the store named by `url` together with the control plane that belongs to it:

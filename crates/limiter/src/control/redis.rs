@@ -25,14 +25,21 @@
 //! timeout ([`READ_TIMEOUT`]), never inside a check's store timeout; checks read only the
 //! last snapshot in memory.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sluice_core::StoreError;
 use sluice_redis::RedisStore;
 use sluice_redis::redis::{self, Value};
 
-use super::tables::{self, Tables};
+mod import;
+mod sync;
+
+pub(crate) use sync::spawn_poller;
+use sync::{apply, first_int, text};
+
+use super::store_format;
+use super::tables::Tables;
 use super::{BanEntry, BanRule, ControlError, ListEntry, ListKind, OverrideEntry, Shared, Table};
 
 const PUT: &str = include_str!("lua/put.lua");
@@ -213,8 +220,8 @@ impl RedisControl {
         identity: &str,
         entry: &OverrideEntry,
     ) -> Result<(), ControlError> {
-        let field = tables::pair_field(policy, identity);
-        let value = tables::encode_override(entry);
+        let field = store_format::pair_field(policy, identity);
+        let value = store_format::encode_override(entry);
         self.put(
             shared,
             Table::Overrides,
@@ -232,7 +239,7 @@ impl RedisControl {
         policy: &str,
         identity: &str,
     ) -> Result<bool, ControlError> {
-        let field = tables::pair_field(policy, identity);
+        let field = store_format::pair_field(policy, identity);
         self.delete(shared, Table::Overrides, field, None).await
     }
 
@@ -242,7 +249,7 @@ impl RedisControl {
         identity: &str,
         ban: &BanEntry,
     ) -> Result<(), ControlError> {
-        let field = tables::ban_field(identity, ban.policies.as_deref());
+        let field = store_format::ban_field(identity, ban.policies.as_deref());
         let index = Some(self.ban_index(identity));
         let until = ban.until_ms;
         self.put(
@@ -279,172 +286,9 @@ impl RedisControl {
         entry: &ListEntry,
         expires: Option<u64>,
     ) -> Result<(), ControlError> {
-        let value = tables::encode_expiry(expires);
+        let value = store_format::encode_expiry(expires);
         self.put(shared, Table::of(kind), entry.text(), value, expires, None)
             .await
-    }
-
-    /// Adds distinct entries to a list, all or nothing, in scripts of [`IMPORT_CHUNK`]
-    /// entries: reads what the entries held before (and the table's size) to refuse at once
-    /// when the table has no room, writes chunk by chunk, and when a chunk fails (the store,
-    /// or a table another writer filled meanwhile) puts back what the written chunks
-    /// changed before answering the error.
-    pub(crate) async fn list_add_many(
-        &self,
-        shared: &Shared,
-        kind: ListKind,
-        entries: &[ListEntry],
-        expires: Option<u64>,
-    ) -> Result<(), ControlError> {
-        let table = Table::of(kind);
-        let max = shared.limits().max_of(table);
-        let keys = [self.hash(table), &self.log, &self.expiry];
-        let fields: Vec<String> = entries.iter().map(ListEntry::text).collect();
-        let before = self.values_before(keys[0], &fields).await?;
-        let size = match self
-            .read_again_on_timeout(redis::cmd("HLEN").arg(keys[0]))
-            .await?
-        {
-            Value::Int(n) => n.max(0) as u64,
-            other => {
-                return Err(StoreError::Backend(format!("HLEN answered {other:?}")).into());
-            }
-        };
-        let new = before.iter().filter(|v| v.is_none()).count() as u64;
-        if size + new > max {
-            return Err(ControlError::Full {
-                table: table.name(),
-                max,
-            });
-        }
-        let head = [
-            table.code().to_string(),
-            max.to_string(),
-            LOG_LENGTH.to_string(),
-            tables::encode_expiry(expires),
-            expires.unwrap_or(0).to_string(),
-        ];
-        let mut sent = 0;
-        for chunk in fields.chunks(IMPORT_CHUNK) {
-            let mut args = Vec::with_capacity(head.len() + chunk.len());
-            args.extend(head.iter().cloned());
-            args.extend(chunk.iter().cloned());
-            // A chunk writes the same values however often it runs, so one whose answer
-            // was lost to a timeout is sent again (twice at most).
-            sent += chunk.len();
-            let failure = match self.eval_again_on_timeout(PUT_MANY, &keys, &args).await {
-                Ok(reply) if first_int(&reply) == Some(0) => ControlError::Full {
-                    table: table.name(),
-                    max,
-                },
-                Ok(_) => continue,
-                Err(e) => ControlError::Store(e),
-            };
-            if let Err(e) = self.undo(table, &fields[..sent], &before[..sent]).await {
-                tracing::error!(
-                    table = table.name(),
-                    error = %e,
-                    "a failed bulk import could not be undone: part of it stays in the table"
-                );
-            }
-            return Err(failure);
-        }
-        // In chunks, so checks never wait long for the tables.
-        for chunk in entries.chunks(1000) {
-            let mut t = shared.tables.write();
-            for e in chunk {
-                t.list_insert(kind, e, expires);
-            }
-        }
-        shared.update_active();
-        Ok(())
-    }
-
-    /// The value each field holds in `hash` (`None`: absent), read in chunks.
-    async fn values_before(
-        &self,
-        hash: &str,
-        fields: &[String],
-    ) -> Result<Vec<Option<String>>, StoreError> {
-        let mut values = Vec::with_capacity(fields.len());
-        for chunk in fields.chunks(IMPORT_CHUNK) {
-            let mut cmd = redis::cmd("HMGET");
-            cmd.arg(hash);
-            for f in chunk {
-                cmd.arg(f.as_str());
-            }
-            match self.read_again_on_timeout(&cmd).await? {
-                Value::Array(items) if items.len() == chunk.len() => {
-                    values.extend(items.iter().map(text));
-                }
-                other => {
-                    return Err(StoreError::Backend(format!("HMGET answered {other:?}")));
-                }
-            }
-        }
-        Ok(values)
-    }
-
-    /// Puts back what `fields` held before a bulk import (`before`), in chunks; each undo
-    /// is the same whichever number of times it runs, so a timed-out one is sent again.
-    async fn undo(
-        &self,
-        table: Table,
-        fields: &[String],
-        before: &[Option<String>],
-    ) -> Result<(), StoreError> {
-        let keys = [self.hash(table), &self.log, &self.expiry];
-        for (fields, before) in fields.chunks(IMPORT_CHUNK).zip(before.chunks(IMPORT_CHUNK)) {
-            let removed: Vec<&String> = fields
-                .iter()
-                .zip(before)
-                .filter(|(_, b)| b.is_none())
-                .map(|(f, _)| f)
-                .collect();
-            let mut args = vec![
-                table.code().to_string(),
-                LOG_LENGTH.to_string(),
-                removed.len().to_string(),
-            ];
-            args.extend(removed.into_iter().cloned());
-            for (f, b) in fields.iter().zip(before) {
-                if let Some(b) = b {
-                    args.push(f.clone());
-                    args.push(b.clone());
-                }
-            }
-            self.eval_again_on_timeout(UNDO_MANY, &keys, &args).await?;
-        }
-        Ok(())
-    }
-
-    /// [`Self::eval`], sent again (twice at most) when its answer was lost to a timeout:
-    /// only for scripts that do the same however often they run.
-    async fn eval_again_on_timeout(
-        &self,
-        script: &str,
-        keys: &[&str],
-        args: &[String],
-    ) -> Result<Value, StoreError> {
-        let mut attempt = 0;
-        loop {
-            match self.eval(script, keys, args).await {
-                Err(StoreError::Timeout(_)) if attempt < 2 => attempt += 1,
-                other => return other,
-            }
-        }
-    }
-
-    /// A read (`HLEN`, `HMGET`) sent again (twice at most) when its answer was lost to a
-    /// timeout, as the import's scripts are: a bulk import must not fail on one slow reply.
-    async fn read_again_on_timeout(&self, cmd: &redis::Cmd) -> Result<Value, StoreError> {
-        let mut attempt = 0;
-        loop {
-            match self.store.command(cmd).await {
-                Err(StoreError::Timeout(_)) if attempt < 2 => attempt += 1,
-                other => return other,
-            }
-        }
     }
 
     pub(crate) async fn list_remove(
@@ -477,9 +321,9 @@ impl RedisControl {
             let super::Backend::Redis(me) = &shared.backend else {
                 return;
             };
-            let pair = tables::pair_field(&policy, &identity);
+            let pair = store_format::pair_field(&policy, &identity);
             let scope = [policy.clone()];
-            let ban_field = tables::ban_field(&identity, Some(&scope));
+            let ban_field = store_format::ban_field(&identity, Some(&scope));
             let strikes = format!("{}{pair}", me.strikes);
             let index = me.ban_index(&identity);
             let args = [
@@ -525,138 +369,6 @@ impl RedisControl {
                 Err(e) => tracing::debug!(error = %e, "ban strike not recorded"),
             }
         });
-    }
-
-    /// Brings the tables up to date: the log records since the last one applied, or a full
-    /// read when there was none yet or the log no longer holds it.
-    pub(crate) async fn sync(&self, shared: &Shared) -> Result<(), StoreError> {
-        let mut last = self.last_id.lock().await;
-        if last.is_none() {
-            self.full_read(shared, &mut last).await?;
-        }
-        let mut full_reads = 0;
-        loop {
-            match self.catch_up(shared, &mut last).await? {
-                true => break,
-                false if full_reads < 3 => {
-                    full_reads += 1;
-                    tracing::info!(
-                        "control plane: the change log was trimmed past this instance's last read; reading the tables in full"
-                    );
-                    self.full_read(shared, &mut last).await?;
-                }
-                false => {
-                    return Err(StoreError::Backend(
-                        "the control plane's change log moves faster than it can be read".into(),
-                    ));
-                }
-            }
-        }
-        *self.synced_at.lock() = Some(Instant::now());
-        Ok(())
-    }
-
-    /// Applies the log from `last`; false when the log was trimmed past it.
-    async fn catch_up(
-        &self,
-        shared: &Shared,
-        last: &mut Option<String>,
-    ) -> Result<bool, StoreError> {
-        loop {
-            let from = last.clone().unwrap_or_else(|| "0-0".into());
-            let mut cmd = redis::cmd("XRANGE");
-            cmd.arg(&self.log)
-                .arg(&from)
-                .arg("+")
-                .arg("COUNT")
-                .arg(LOG_BATCH);
-            let records = parse_records(&self.store.command(&cmd).await?)?;
-            let fresh = if from == "0-0" {
-                &records[..]
-            } else {
-                match records.first() {
-                    Some(r) if r.id == from => &records[1..],
-                    _ => return Ok(false),
-                }
-            };
-            for r in fresh {
-                let Some(table) = r.table else { continue };
-                {
-                    let mut t = shared.tables.write();
-                    for (field, value) in &r.changes {
-                        apply(&mut t, table, field, value.as_deref());
-                    }
-                }
-                tokio::task::yield_now().await;
-            }
-            if !fresh.is_empty() {
-                shared.update_active();
-            }
-            if let Some(r) = records.last() {
-                *last = Some(r.id.clone());
-            }
-            if records.len() < LOG_BATCH {
-                return Ok(true);
-            }
-        }
-    }
-
-    /// Reads every table in chunks and replaces the local tables; `last` becomes the log's
-    /// newest record as it was before the read (records after it are applied next, twice
-    /// at worst, which changes nothing).
-    async fn full_read(
-        &self,
-        shared: &Shared,
-        last: &mut Option<String>,
-    ) -> Result<(), StoreError> {
-        let mut cmd = redis::cmd("XREVRANGE");
-        cmd.arg(&self.log).arg("+").arg("-").arg("COUNT").arg(1);
-        let top = parse_records(&self.store.command(&cmd).await?)?
-            .into_iter()
-            .next()
-            .map_or_else(|| "0-0".to_string(), |r| r.id);
-        let now = shared.now_ms();
-        let mut fresh = Tables::default();
-        for table in [Table::Overrides, Table::Bans, Table::Allow, Table::Deny] {
-            let mut cursor = "0".to_string();
-            loop {
-                let mut cmd = redis::cmd("HSCAN");
-                cmd.arg(self.hash(table))
-                    .arg(&cursor)
-                    .arg("COUNT")
-                    .arg(SCAN_BATCH);
-                let reply = self.store.command(&cmd).await?;
-                let Value::Array(parts) = reply else {
-                    return Err(StoreError::Backend("unexpected HSCAN reply".into()));
-                };
-                let (Some(next), Some(items)) = (parts.first().and_then(text), parts.get(1)) else {
-                    return Err(StoreError::Backend("unexpected HSCAN reply".into()));
-                };
-                for (field, value) in pairs(items) {
-                    if !ended(table, &value, now) {
-                        apply(&mut fresh, table, &field, Some(&value));
-                    }
-                }
-                if next == "0" {
-                    break;
-                }
-                cursor = next;
-            }
-        }
-        {
-            let configured = shared.configured.read();
-            let c = &configured.config;
-            fresh.install_configured(&c.allow, &c.deny, &c.plans);
-            let old = std::mem::replace(&mut *shared.tables.write(), fresh);
-            drop(configured);
-            // Freed outside the locks (a large table takes a while to free).
-            drop(old);
-        }
-        *last = Some(top);
-        self.full_reads
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        shared.update_active();
-        Ok(())
     }
 
     /// Removes entries that ended from the store (logging the removals), a batch per call,
@@ -716,154 +428,4 @@ impl RedisControl {
         }
         Ok(out)
     }
-}
-
-/// Whether a stored value names an end at or before `now`.
-fn ended(table: Table, value: &str, now: u64) -> bool {
-    let digits: &str = match table {
-        Table::Bans => value,
-        _ => value.split('\n').next().unwrap_or(""),
-    };
-    digits.parse::<u64>().is_ok_and(|t| t > 0 && t <= now)
-}
-
-/// Applies one change of `table` to the tables (`None`: removed). Malformed values are
-/// skipped.
-fn apply(t: &mut Tables, table: Table, field: &str, value: Option<&str>) {
-    match (table, value) {
-        (Table::Overrides, Some(v)) => {
-            if let Some((policy, identity, entry)) = tables::decode_override(field, v) {
-                t.set_override(&policy, &identity, entry);
-            }
-        }
-        (Table::Overrides, None) => {
-            if let Some((policy, identity)) = field.split_once('\n') {
-                t.remove_override(policy, identity);
-            }
-        }
-        (Table::Bans, Some(v)) => {
-            if let Some((identity, ban)) = tables::decode_ban(field, v) {
-                t.add_ban(&identity, ban);
-            }
-        }
-        (Table::Bans, None) => {
-            if let Some((identity, scope)) = field.split_once('\n') {
-                let policies: Option<Vec<String>> =
-                    (scope != "*").then(|| scope.split(',').map(str::to_string).collect());
-                t.remove_ban(identity, policies.as_deref());
-            }
-        }
-        (Table::Allow | Table::Deny, v) => {
-            let kind = if table == Table::Allow {
-                ListKind::Allow
-            } else {
-                ListKind::Deny
-            };
-            let Ok(entry) = ListEntry::parse(field) else {
-                return;
-            };
-            match v.map(tables::decode_expiry) {
-                Some(Some(expires)) => t.list_insert(kind, &entry, expires),
-                Some(None) => {}
-                None => {
-                    t.list_remove(kind, &entry);
-                }
-            }
-        }
-    }
-}
-
-fn first_int(v: &Value) -> Option<i64> {
-    match v {
-        Value::Array(items) => match items.first() {
-            Some(Value::Int(n)) => Some(*n),
-            _ => None,
-        },
-        _ => None,
-    }
-}
-
-fn text(v: &Value) -> Option<String> {
-    match v {
-        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
-        Value::SimpleString(s) => Some(s.clone()),
-        Value::Int(n) => Some(n.to_string()),
-        _ => None,
-    }
-}
-
-fn pairs(v: &Value) -> Vec<(String, String)> {
-    match v {
-        Value::Array(items) => items
-            .chunks_exact(2)
-            .filter_map(|c| Some((text(&c[0])?, text(&c[1])?)))
-            .collect(),
-        Value::Map(items) => items
-            .iter()
-            .filter_map(|(k, v)| Some((text(k)?, text(v)?)))
-            .collect(),
-        _ => Vec::new(),
-    }
-}
-
-/// Reads an `XRANGE`/`XREVRANGE` reply.
-fn parse_records(v: &Value) -> Result<Vec<Record>, StoreError> {
-    let Value::Array(items) = v else {
-        return Err(StoreError::Backend(format!("unexpected log reply {v:?}")));
-    };
-    let mut out = Vec::with_capacity(items.len());
-    for item in items {
-        let Value::Array(parts) = item else {
-            return Err(StoreError::Backend("unexpected log record".into()));
-        };
-        let (Some(id), Some(fields)) = (parts.first().and_then(text), parts.get(1)) else {
-            return Err(StoreError::Backend("unexpected log record".into()));
-        };
-        let mut table = None;
-        let mut changes = Vec::new();
-        for (name, value) in pairs(fields) {
-            if name == "t" {
-                table = Table::from_code(&value);
-            } else if let Some(field) = name.strip_prefix('+') {
-                changes.push((field.to_string(), Some(value)));
-            } else if let Some(field) = name.strip_prefix('-') {
-                changes.push((field.to_string(), None));
-            }
-        }
-        out.push(Record { id, table, changes });
-    }
-    Ok(out)
-}
-
-/// Reads the log every [`super::POLL_INTERVAL`] until the control plane is dropped. A
-/// failing store keeps the last tables (logged at most once a minute); the snapshot's age
-/// is published as `sluice_control_snapshot_age_seconds`.
-pub(crate) fn spawn_poller(weak: Weak<Shared>) {
-    let Ok(handle) = tokio::runtime::Handle::try_current() else {
-        tracing::warn!(
-            "control plane built outside a Tokio runtime: changes from other instances are not picked up"
-        );
-        return;
-    };
-    handle.spawn(async move {
-        let mut last_warn: Option<Instant> = None;
-        loop {
-            let Some(shared) = weak.upgrade() else { return };
-            let super::Backend::Redis(me) = &shared.backend else {
-                return;
-            };
-            let result = me.sync(&shared).await;
-            if let Err(e) = result
-                && last_warn.is_none_or(|t| t.elapsed() >= Duration::from_secs(60))
-            {
-                last_warn = Some(Instant::now());
-                tracing::warn!(error = %e, "control plane: could not read overrides, bans and lists; keeping the last ones");
-            }
-            if let Some(age) = me.snapshot_age() {
-                metrics::gauge!("sluice_control_snapshot_age_seconds").set(age.as_secs_f64());
-            }
-            drop(shared);
-            tokio::time::sleep(super::POLL_INTERVAL).await;
-        }
-    });
 }

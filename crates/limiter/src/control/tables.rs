@@ -1,241 +1,32 @@
-//! The control plane's entries as every decision reads them, and their text form in the
-//! store. One format serves both backends: the embedded backend edits these tables directly,
-//! the Redis backend rebuilds them from its hashes whenever the version counter moves.
+//! The tables every decision reads: identities (their list places, bans and overrides) and
+//! the lists' networks, with the expiry queue the sweep works from. Both backends keep one:
+//! the embedded backend edits it directly, the Redis backend rebuilds it from its hashes and
+//! change log ([`super::store_format`] spells the entries there).
 //!
-//! Every stored value starts with its expiry in Unix ms (`0` = never), so one rule prunes
-//! every kind: `<expires>` for list entries and bans, `<expires>\n<target>` for overrides.
+//! A decision looks its identity up by text, and its address (only when the identity
+//! carries one, [`sluice_core::Identity::network`]) in the networks: no identity's text is
+//! ever read as an address.
 #![cfg_attr(not(feature = "redis"), allow(dead_code))]
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 
-/// The time of one decision in Unix ms, read from the clock on first use only: a decision
-/// that meets no entry with an expiry (the usual case) never reads it.
-pub(crate) struct Now<'a> {
-    clock: Option<&'a dyn sluice_core::Clock>,
-    ms: std::cell::Cell<Option<u64>>,
-}
+use ipnet::IpNet;
+use sluice_core::{Algorithm, ClientNet};
 
-impl<'a> Now<'a> {
-    /// Read from `clock` when first needed.
-    pub(crate) fn lazy(clock: &'a dyn sluice_core::Clock) -> Self {
-        Now {
-            clock: Some(clock),
-            ms: std::cell::Cell::new(None),
-        }
-    }
+use super::ListKind;
+use super::clock::Now;
+use super::entries::{BanEntry, ListEntry, OverrideEntry, OverrideTarget};
+use super::made::OverrideSlot;
+use super::networks::{Listed, Lists, Networks};
+use super::store_format::ban_field;
 
-    /// A time already known.
-    pub(crate) fn at(ms: u64) -> Now<'static> {
-        Now {
-            clock: None,
-            ms: std::cell::Cell::new(Some(ms)),
-        }
-    }
-
-    /// The time, Unix ms.
-    pub(crate) fn ms(&self) -> u64 {
-        if let Some(ms) = self.ms.get() {
-            return ms;
-        }
-        let ms = self.clock.map_or(0, |c| c.now() / 1000);
-        self.ms.set(Some(ms));
-        ms
-    }
-}
+mod expiry;
+mod live;
 
 /// The maps every decision reads: foldhash instead of SipHash, since each check hashes its
 /// identity several times; the tables hold only what operators and the ban rules wrote.
-type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
-use std::net::IpAddr;
-
-use ipnet::IpNet;
-use sluice_core::Algorithm;
-
-use super::ListKind;
-
-/// What an override binds an identity of a policy to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OverrideTarget {
-    /// These parameters (the policy's algorithm, other numbers).
-    Params(Algorithm),
-    /// A plan of the configuration (`[plans.NAME.POLICY]`).
-    Plan(String),
-}
-
-/// One override as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OverrideEntry {
-    /// Parameters or plan.
-    pub target: OverrideTarget,
-    /// Unix ms after which it no longer applies; `None` = until removed.
-    pub expires_at_ms: Option<u64>,
-}
-
-/// One ban as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BanEntry {
-    /// The policies it refuses; `None` = every policy.
-    pub policies: Option<Vec<String>>,
-    /// Unix ms at which it ends.
-    pub until_ms: u64,
-}
-
-/// An allow or deny list entry: an identity, or a network matched against client-IP
-/// identities (`ip:203.0.113.7`, `ip6:2001:db8::1`, a raw address, or a grouped
-/// `ip:203.0.113.0/24` that lies inside the network).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum ListEntry {
-    /// Matches this identity exactly.
-    Identity(String),
-    /// Matches addresses and networks inside it.
-    Net(IpNet),
-}
-
-impl ListEntry {
-    /// Reads an entry: a CIDR or address (optionally written `ip:`/`ip6:`), else an identity.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let text = text.trim();
-        if text.is_empty() || text.len() > 512 || text.contains('\n') {
-            return Err("a list entry must be 1 to 512 characters on one line".into());
-        }
-        if let Some(net) = ip_of(text) {
-            return Ok(ListEntry::Net(net));
-        }
-        // `ADDRESS/LENGTH` that did not parse as a network: a prefix length beyond the
-        // family's (`1.2.3.4/33`) or not a number. Refused rather than kept as an identity
-        // that no client-IP identity could ever match.
-        let bare = text
-            .strip_prefix("ip:")
-            .or_else(|| text.strip_prefix("ip6:"))
-            .unwrap_or(text);
-        if let Some((addr, len)) = bare.split_once('/')
-            && let Ok(addr) = addr.parse::<IpAddr>()
-        {
-            let max = if addr.is_ipv4() { 32 } else { 128 };
-            return Err(format!(
-                "{text:?}: the prefix length must be a number from 0 to {max} for an {} network, not {len:?}",
-                if addr.is_ipv4() { "IPv4" } else { "IPv6" }
-            ));
-        }
-        Ok(ListEntry::Identity(text.to_string()))
-    }
-
-    /// The canonical text (the field name in the store).
-    pub fn text(&self) -> String {
-        match self {
-            ListEntry::Identity(s) => s.clone(),
-            ListEntry::Net(n) => n.trunc().to_string(),
-        }
-    }
-}
-
-/// The address or network an identity names, if it names one: a client-IP identity, a raw
-/// address or network, or an Envoy descriptor identity with a `remote_address` entry
-/// (`envoy:DOMAIN:remote_address=10.0.0.1`, its `:` escaped as `%3A`). Every decision on a
-/// table with networks asks this, so what cannot be an address is turned away before any
-/// parser runs, and a network parser runs only on text with a `/`.
-fn ip_of(identity: &str) -> Option<IpNet> {
-    if identity.starts_with("envoy:") {
-        let (_, rest) = identity.rsplit_once("remote_address=")?;
-        let value = rest.split('/').next()?;
-        if value.contains("%3A") {
-            return ip_of(&value.replace("%3A", ":"));
-        }
-        return ip_of(value);
-    }
-    let bare = identity
-        .strip_prefix("ip:")
-        .or_else(|| identity.strip_prefix("ip6:"))
-        .unwrap_or(identity);
-    if !bare.starts_with(|c: char| c.is_ascii_hexdigit() || c == ':') {
-        return None;
-    }
-    if let Some(v4) = dotted_quad(bare) {
-        return Some(IpNet::from(IpAddr::from(v4)));
-    }
-    if bare.contains('/') {
-        return bare.parse::<IpNet>().ok();
-    }
-    bare.parse::<IpAddr>()
-        .ok()
-        .map(|ip| IpNet::from(ip.to_canonical()))
-}
-
-/// `a.b.c.d` read in one pass: the common client-IP identity, several times cheaper than
-/// the general parser. Anything else (IPv6, a network, leading zeros) is `None`, left to the
-/// general parser, which reads every address this one does the same way.
-fn dotted_quad(text: &str) -> Option<std::net::Ipv4Addr> {
-    let bytes = text.as_bytes();
-    if bytes.len() > 15 {
-        return None;
-    }
-    let mut octets = [0u8; 4];
-    let (mut part, mut value, mut digits) = (0usize, 0u16, 0u8);
-    for (i, &c) in bytes.iter().enumerate() {
-        match c {
-            b'0'..=b'9' => {
-                // A leading zero is refused (the general parser refuses it too).
-                if digits == 1 && value == 0 {
-                    return None;
-                }
-                value = value * 10 + u16::from(c - b'0');
-                digits += 1;
-                if value > 255 {
-                    return None;
-                }
-            }
-            b'.' if digits > 0 && part < 3 && i + 1 < bytes.len() => {
-                octets[part] = value as u8;
-                (part, value, digits) = (part + 1, 0, 0);
-            }
-            _ => return None,
-        }
-    }
-    if part != 3 || digits == 0 {
-        return None;
-    }
-    octets[3] = value as u8;
-    Some(std::net::Ipv4Addr::from(octets))
-}
-
-/// A place on one list: written in the configuration file (kept until the file changes),
-/// added at runtime (with its expiry, Unix ms, `None` = never), or both.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Listed {
-    configured: bool,
-    runtime: Option<Option<u64>>,
-}
-
-impl Listed {
-    fn is_empty(&self) -> bool {
-        !self.configured && self.runtime.is_none()
-    }
-
-    fn live(&self, now: &Now<'_>) -> bool {
-        self.configured || self.runtime.is_some_and(|e| e.is_none_or(|t| t > now.ms()))
-    }
-}
-
-/// The places of one identity or network on the two lists.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-struct Lists {
-    allow: Listed,
-    deny: Listed,
-}
-
-impl Lists {
-    fn of(&mut self, kind: ListKind) -> &mut Listed {
-        match kind {
-            ListKind::Allow => &mut self.allow,
-            ListKind::Deny => &mut self.deny,
-        }
-    }
-
-    fn is_empty(&self) -> bool {
-        self.allow.is_empty() && self.deny.is_empty()
-    }
-}
+pub(super) type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
 
 /// Everything the tables hold about one identity: one probe answers "listed, banned or
 /// overridden" for a decision.
@@ -276,176 +67,6 @@ impl IdentityEntries {
             .map(|b| b.until_ms - now_ms)
             .max()
             .unwrap_or(0)
-    }
-}
-
-/// The networks of both lists. They are grouped by prefix length, so matching an address
-/// costs one hash lookup per distinct length present, however many networks there are.
-#[derive(Debug, Default)]
-struct Networks {
-    nets: FastMap<IpNet, Lists>,
-    /// (IPv4?, prefix length) of the networks present, each with how many, sorted.
-    lengths: Vec<((bool, u8), usize)>,
-}
-
-impl Networks {
-    fn is_empty(&self) -> bool {
-        self.nets.is_empty()
-    }
-
-    fn entry(&mut self, n: IpNet) -> &mut Lists {
-        let key = length_key(&n);
-        let lengths = &mut self.lengths;
-        self.nets.entry(n).or_insert_with(|| {
-            match lengths.binary_search_by_key(&key, |&(k, _)| k) {
-                Ok(i) => lengths[i].1 += 1,
-                Err(i) => lengths.insert(i, (key, 1)),
-            }
-            Lists::default()
-        })
-    }
-
-    /// Drops `n` if nothing is left on it.
-    fn prune(&mut self, n: &IpNet) {
-        if !self.nets.get(n).is_some_and(Lists::is_empty) {
-            return;
-        }
-        self.nets.remove(n);
-        let key = length_key(n);
-        if let Ok(i) = self.lengths.binary_search_by_key(&key, |&(k, _)| k) {
-            self.lengths[i].1 -= 1;
-            if self.lengths[i].1 == 0 {
-                self.lengths.remove(i);
-            }
-        }
-    }
-
-    /// Which list `ip` is on through a network containing it (deny first), if any.
-    fn find(&self, ip: &IpNet, now: &Now<'_>) -> Option<ListKind> {
-        let v4 = matches!(ip, IpNet::V4(_));
-        let mut allowed = false;
-        for &((family, len), _) in &self.lengths {
-            if family != v4 || len > ip.prefix_len() {
-                continue;
-            }
-            let Some(lists) = IpNet::new(ip.addr(), len)
-                .ok()
-                .and_then(|n| self.nets.get(&n.trunc()))
-            else {
-                continue;
-            };
-            if lists.deny.live(now) {
-                return Some(ListKind::Deny);
-            }
-            allowed |= lists.allow.live(now);
-        }
-        allowed.then_some(ListKind::Allow)
-    }
-
-    /// Every network of `kind` and its place.
-    fn of_kind(&self, kind: ListKind) -> impl Iterator<Item = (IpNet, Listed)> + '_ {
-        self.nets.iter().filter_map(move |(n, l)| {
-            let listed = match kind {
-                ListKind::Allow => l.allow,
-                ListKind::Deny => l.deny,
-            };
-            (!listed.is_empty()).then_some((*n, listed))
-        })
-    }
-}
-
-fn length_key(n: &IpNet) -> (bool, u8) {
-    (matches!(n, IpNet::V4(_)), n.prefix_len())
-}
-/// An override and the policy it makes, built on first use and kept while the policy it was
-/// built from and the configuration's plans stay the same (a decision then costs an `Arc`
-/// clone, not a copy of the policy).
-#[derive(Debug)]
-pub(crate) struct OverrideSlot {
-    pub(crate) entry: OverrideEntry,
-    resolved: parking_lot::Mutex<Option<Resolved>>,
-}
-
-#[derive(Debug)]
-struct Resolved {
-    generation: u64,
-    base: std::sync::Arc<sluice_core::Policy>,
-    policy: std::sync::Arc<sluice_core::Policy>,
-}
-
-impl OverrideSlot {
-    pub(crate) fn new(entry: OverrideEntry) -> Self {
-        OverrideSlot {
-            entry,
-            resolved: parking_lot::Mutex::new(None),
-        }
-    }
-
-    /// `base` with `algorithm`, remembered for `generation` of the plans; made by `made`,
-    /// so slots with the same parameters share one policy.
-    pub(crate) fn resolve(
-        &self,
-        base: &std::sync::Arc<sluice_core::Policy>,
-        generation: u64,
-        algorithm: &Algorithm,
-        made: &MadePolicies,
-    ) -> std::sync::Arc<sluice_core::Policy> {
-        let mut cached = self.resolved.lock();
-        if let Some(r) = cached.as_ref()
-            && r.generation == generation
-            && std::sync::Arc::ptr_eq(&r.base, base)
-        {
-            return std::sync::Arc::clone(&r.policy);
-        }
-        let policy = made.get(base, generation, algorithm);
-        *cached = Some(Resolved {
-            generation,
-            base: std::sync::Arc::clone(base),
-            policy: std::sync::Arc::clone(&policy),
-        });
-        policy
-    }
-}
-
-/// The policies overrides make, one per base policy and parameters: a thousand identities
-/// on one plan (or with the same numbers) share one policy, so deciding for them keeps one
-/// policy in the CPU's cache instead of one per identity.
-#[derive(Debug, Default)]
-pub(crate) struct MadePolicies(parking_lot::Mutex<FastMap<(usize, Algorithm), Resolved>>);
-
-/// The most distinct policies [`MadePolicies`] keeps (it starts over beyond).
-const MAX_MADE_POLICIES: usize = 4096;
-
-impl MadePolicies {
-    fn get(
-        &self,
-        base: &std::sync::Arc<sluice_core::Policy>,
-        generation: u64,
-        algorithm: &Algorithm,
-    ) -> std::sync::Arc<sluice_core::Policy> {
-        let mut made = self.0.lock();
-        let key = (std::sync::Arc::as_ptr(base) as usize, algorithm.clone());
-        if let Some(r) = made.get(&key)
-            && r.generation == generation
-            && std::sync::Arc::ptr_eq(&r.base, base)
-        {
-            return std::sync::Arc::clone(&r.policy);
-        }
-        if made.len() >= MAX_MADE_POLICIES {
-            made.clear();
-        }
-        let mut p = (**base).clone();
-        p.algorithm = algorithm.clone();
-        let policy = std::sync::Arc::new(p);
-        made.insert(
-            key,
-            Resolved {
-                generation,
-                base: std::sync::Arc::clone(base),
-                policy: std::sync::Arc::clone(&policy),
-            },
-        );
-        policy
     }
 }
 
@@ -506,98 +127,21 @@ enum Slot {
     Net(IpNet),
 }
 
-/// One list entry in force, for the operators' listing.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) struct ListedPlace {
-    pub(crate) kind: ListKind,
-    /// The identity, or the network in CIDR form.
-    pub(crate) entry: String,
-    /// Written in the configuration file.
-    pub(crate) configured: bool,
-    /// Unix ms a runtime entry ends at (`None`: never, or a file entry).
-    pub(crate) expires_at_ms: Option<u64>,
-}
-
-impl Tables {
-    /// Overrides in force at `now_ms`, at most `limit` (in no order): (policy, identity,
-    /// entry). The cost is bounded by `limit`, not by the table.
-    pub(crate) fn live_overrides(
-        &self,
-        now_ms: u64,
-        limit: usize,
-    ) -> Vec<(&str, &str, &OverrideEntry)> {
-        self.identities
-            .iter()
-            .flat_map(|(identity, e)| {
-                e.overrides
-                    .iter()
-                    .map(move |(policy, slot)| (&**policy, &**identity, &slot.entry))
-            })
-            .filter(|(_, _, e)| e.expires_at_ms.is_none_or(|t| t > now_ms))
-            .take(limit)
-            .collect()
-    }
-
-    /// Bans in force at `now_ms`, at most `limit` (in no order): (identity, ban).
-    pub(crate) fn live_bans(&self, now_ms: u64, limit: usize) -> Vec<(&str, &BanEntry)> {
-        self.identities
-            .iter()
-            .flat_map(|(identity, e)| e.bans.iter().map(move |b| (&**identity, b)))
-            .filter(|(_, b)| b.until_ms > now_ms)
-            .take(limit)
-            .collect()
-    }
-
-    /// List entries in force at `now_ms`, identities and networks, at most `limit` of each
-    /// list (in no order).
-    pub(crate) fn live_list_entries(&self, now_ms: u64, limit: usize) -> Vec<ListedPlace> {
-        let now = Now::at(now_ms);
-        let mut out = Vec::new();
-        for kind in [ListKind::Allow, ListKind::Deny] {
-            let before = out.len();
-            let place = |entry: String, listed: Listed| {
-                listed.live(&now).then(|| ListedPlace {
-                    kind,
-                    entry,
-                    configured: listed.configured,
-                    expires_at_ms: if listed.configured {
-                        None
-                    } else {
-                        listed.runtime.flatten()
-                    },
-                })
-            };
-            for (identity, e) in &self.identities {
-                let listed = match kind {
-                    ListKind::Allow => e.lists.allow,
-                    ListKind::Deny => e.lists.deny,
-                };
-                if out.len() - before >= limit {
-                    break;
-                }
-                if !listed.is_empty() {
-                    out.extend(place(identity.to_string(), listed));
-                }
-            }
-            for (n, listed) in self.networks.of_kind(kind) {
-                if out.len() - before >= limit {
-                    break;
-                }
-                out.extend(place(n.to_string(), listed));
-            }
-        }
-        out
-    }
-}
-
 impl Tables {
     pub(crate) fn is_empty(&self) -> bool {
         self.identities.is_empty() && self.networks.is_empty()
     }
 
     /// What applies to `identity` under `policy`, in order: deny list, allow list, ban,
-    /// override.
-    pub(crate) fn screen(&self, identity: &str, policy: &str, now: &Now<'_>) -> Found<'_> {
+    /// override. `network` is the client address the identity carries, if any; the lists'
+    /// networks are matched against it alone.
+    pub(crate) fn screen(
+        &self,
+        identity: &str,
+        network: Option<ClientNet>,
+        policy: &str,
+        now: &Now<'_>,
+    ) -> Found<'_> {
         let entries = if self.identities.is_empty() {
             None
         } else {
@@ -608,7 +152,7 @@ impl Tables {
         }
         let mut allowed = entries.is_some_and(|e| e.lists.allow.live(now));
         if !self.networks.is_empty()
-            && let Some(ip) = ip_of(identity)
+            && let Some(ip) = network.and_then(|n| IpNet::new(n.addr(), n.prefix_len()).ok())
         {
             match self.networks.find(&ip, now) {
                 Some(ListKind::Deny) => return Found::Denied,
@@ -690,69 +234,6 @@ impl Tables {
     /// How many runtime entries each table holds.
     pub(crate) fn sizes(&self) -> TableSizes {
         self.counts
-    }
-
-    /// Removes at most `max` entries that ended at `now_ms` or before; how many went.
-    pub(crate) fn sweep(&mut self, now_ms: u64, max: usize) -> usize {
-        let mut removed = 0;
-        for _ in 0..max {
-            match self.expiring.peek() {
-                Some(Reverse((t, _))) if *t <= now_ms => {}
-                _ => break,
-            }
-            let Some(Reverse((_, slot))) = self.expiring.pop() else {
-                break;
-            };
-            removed += self.drop_ended(&slot, now_ms);
-        }
-        removed
-    }
-
-    /// Removes what ended on one identity or network.
-    fn drop_ended(&mut self, slot: &Slot, now_ms: u64) -> usize {
-        let ended = |l: &mut Listed| matches!(l.runtime, Some(Some(t)) if t <= now_ms);
-        let mut removed = 0;
-        match slot {
-            Slot::Identity(identity) => {
-                let Some(e) = self.identities.get_mut(&**identity) else {
-                    return 0;
-                };
-                for kind in [ListKind::Allow, ListKind::Deny] {
-                    let l = e.lists.of(kind);
-                    if ended(l) {
-                        l.runtime = None;
-                        *self.counts.list(kind) -= 1;
-                        removed += 1;
-                    }
-                }
-                let before = e.bans.len();
-                e.bans.retain(|b| b.until_ms > now_ms);
-                let gone = before - e.bans.len();
-                self.counts.bans -= gone;
-                let before = e.overrides.len();
-                e.overrides
-                    .retain(|(_, o)| o.entry.expires_at_ms.is_none_or(|t| t > now_ms));
-                let gone_o = before - e.overrides.len();
-                self.counts.overrides -= gone_o;
-                removed += gone + gone_o;
-                self.prune(identity);
-            }
-            Slot::Net(n) => {
-                let Some(lists) = self.networks.nets.get_mut(n) else {
-                    return 0;
-                };
-                for kind in [ListKind::Allow, ListKind::Deny] {
-                    let l = lists.of(kind);
-                    if ended(l) {
-                        l.runtime = None;
-                        *self.counts.list(kind) -= 1;
-                        removed += 1;
-                    }
-                }
-                self.networks.prune(n);
-            }
-        }
-        removed
     }
 
     /// Removes the override of `identity` for `policy`; whether there was one.
@@ -931,153 +412,64 @@ impl Tables {
     }
 }
 
-/// The field of an override or escalation level: policy and identity.
-pub(crate) fn pair_field(policy: &str, identity: &str) -> String {
-    format!("{policy}\n{identity}")
-}
-
-/// The field of a ban: identity and scope (`*` for every policy, else the sorted policies).
-pub(crate) fn ban_field(identity: &str, policies: Option<&[String]>) -> String {
-    match policies {
-        None => format!("{identity}\n*"),
-        Some(ps) => format!("{identity}\n{}", ps.join(",")),
-    }
-}
-
-fn expiry_text(expires: Option<u64>) -> String {
-    expires.unwrap_or(0).to_string()
-}
-
-fn read_expiry(text: &str) -> Option<Option<u64>> {
-    let n: u64 = text.parse().ok()?;
-    Some((n > 0).then_some(n))
-}
-
-/// The stored value of an override.
-pub(crate) fn encode_override(o: &OverrideEntry) -> String {
-    let target = match &o.target {
-        OverrideTarget::Plan(p) => format!("plan:{p}"),
-        OverrideTarget::Params(a) => {
-            format!(
-                "params:{}",
-                serde_json::to_string(a).unwrap_or_else(|_| "{}".into())
-            )
-        }
-    };
-    format!("{}\n{target}", expiry_text(o.expires_at_ms))
-}
-
-/// Reads an override's field and value back; `None` for anything malformed.
-pub(crate) fn decode_override(field: &str, value: &str) -> Option<(String, String, OverrideEntry)> {
-    let (policy, identity) = field.split_once('\n')?;
-    let (expires, target) = value.split_once('\n')?;
-    let target = if let Some(plan) = target.strip_prefix("plan:") {
-        OverrideTarget::Plan(plan.to_string())
-    } else {
-        let json = target.strip_prefix("params:")?;
-        OverrideTarget::Params(serde_json::from_str(json).ok()?)
-    };
-    Some((
-        policy.to_string(),
-        identity.to_string(),
-        OverrideEntry {
-            target,
-            expires_at_ms: read_expiry(expires)?,
-        },
-    ))
-}
-
-/// Reads a ban's field and value back.
-pub(crate) fn decode_ban(field: &str, value: &str) -> Option<(String, BanEntry)> {
-    let (identity, scope) = field.split_once('\n')?;
-    let policies = (scope != "*").then(|| scope.split(',').map(str::to_string).collect());
-    Some((
-        identity.to_string(),
-        BanEntry {
-            policies,
-            until_ms: value.parse().ok()?,
-        },
-    ))
-}
-
-/// The stored value of a list entry or ban: its expiry.
-pub(crate) fn encode_expiry(expires: Option<u64>) -> String {
-    expiry_text(expires)
-}
-
-/// Reads a list entry's expiry back.
-pub(crate) fn decode_expiry(value: &str) -> Option<Option<u64>> {
-    read_expiry(value)
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::store_format::*;
     use super::*;
 
+    fn client(text: &str) -> (String, Option<ClientNet>) {
+        let id = sluice_core::Identity::parse_client_ip(text).expect(text);
+        (id.as_str().to_string(), id.network())
+    }
+
     #[test]
-    fn networks_match_client_ip_identities_and_nothing_else() {
+    fn networks_match_the_address_an_identity_carries_and_nothing_else() {
         struct Check(Tables);
         impl Check {
-            fn contains(&self, identity: &str, now: u64) -> bool {
-                matches!(self.0.screen(identity, "p", &Now::at(now)), Found::Denied)
+            fn contains(&self, (identity, net): &(String, Option<ClientNet>), now: u64) -> bool {
+                matches!(
+                    self.0.screen(identity, *net, "p", &Now::at(now)),
+                    Found::Denied
+                )
             }
             fn insert(&mut self, e: &ListEntry, expires: Option<u64>) {
                 self.0.list_insert(ListKind::Deny, e, expires)
             }
         }
+        let text = |s: &str| (s.to_string(), None);
         let mut deny = Check(Tables::default());
         deny.insert(&ListEntry::parse("203.0.113.0/24").unwrap(), None);
         deny.insert(&ListEntry::parse("user:mallory").unwrap(), Some(2_000));
-        assert!(deny.contains("ip:203.0.113.7", 1_000));
-        assert!(deny.contains("203.0.113.9", 1_000));
-        assert!(deny.contains("ip:203.0.113.0/25", 1_000));
-        assert!(!deny.contains("ip:203.0.114.1", 1_000));
-        assert!(!deny.contains("ip:203.0.112.0/23", 1_000));
-        assert!(deny.contains("user:mallory", 1_999));
-        assert!(!deny.contains("user:mallory", 2_000), "expired");
-        assert!(!deny.contains("hdr:203.0.113.7", 1_000));
-        assert!(deny.contains("envoy:edge:remote_address=203.0.113.8", 1_000));
-        assert!(deny.contains("envoy:edge:path=%2Fa/remote_address=203.0.113.8", 1_000));
-        assert!(!deny.contains("envoy:edge:user=203.0.113.8", 1_000));
-        deny.insert(&ListEntry::parse("2001:db8::/32").unwrap(), None);
-        assert!(deny.contains("envoy:edge:remote_address=2001%3Adb8%3A%3A1", 1_000));
-    }
-
-    #[test]
-    fn the_quick_ipv4_reader_agrees_with_the_general_one() {
-        for text in [
-            "10.0.0.1",
-            "255.255.255.255",
-            "0.0.0.0",
-            "1.2.3",
-            "1.2.3.4.5",
-            "01.2.3.4",
-            "256.1.1.1",
-            "1..2.3",
-            "1.2.3.4/8",
-            "a.b.c.d",
-            "1.2.3.",
-            "999.1.1.1",
-            "",
-            ".1.2.3",
-            "1.2.3.0",
-            "1.0.0.00",
-            "1.2.3.4 ",
-            "10.20.30.40",
+        assert!(deny.contains(&client("ip:203.0.113.7"), 1_000));
+        assert!(deny.contains(&client("ip:203.0.113.0/25"), 1_000));
+        assert!(!deny.contains(&client("ip:203.0.114.1"), 1_000));
+        assert!(!deny.contains(&client("ip:203.0.112.0/23"), 1_000));
+        assert!(deny.contains(&text("user:mallory"), 1_999));
+        assert!(!deny.contains(&text("user:mallory"), 2_000), "expired");
+        // Text that spells an address is not one: only the typed address is matched.
+        for spelled in [
+            "ip:203.0.113.7",
+            "203.0.113.9",
+            "ip:203.0.113.0/25",
+            "hdr:203.0.113.7",
+            "envoy:edge:remote_address=203.0.113.8",
         ] {
-            assert_eq!(
-                dotted_quad(text),
-                text.parse::<std::net::Ipv4Addr>().ok(),
-                "{text}"
-            );
-            assert_eq!(
-                ip_of(text),
-                text.parse::<IpNet>()
-                    .ok()
-                    .or_else(|| text.parse::<IpAddr>().ok().map(IpNet::from)),
-                "{text}"
-            );
+            assert!(!deny.contains(&text(spelled), 1_000), "{spelled}");
         }
+        // Whatever the text, the carried address decides.
+        let net = client("ip:203.0.113.8").1;
+        assert!(deny.contains(
+            &(
+                "envoy:edge:path=%2Fa/remote_address=203.0.113.8".into(),
+                net
+            ),
+            1_000
+        ));
+        deny.insert(&ListEntry::parse("2001:db8::/32").unwrap(), None);
+        assert!(deny.contains(&client("ip6:2001:db8::1"), 1_000));
+        assert!(deny.contains(&client("ip6:2001:db8:1:2::/64"), 1_000));
+        assert!(!deny.contains(&client("ip6:2001:db9::1"), 1_000));
+        assert!(!deny.contains(&text("ip6:2001:db8::1"), 1_000));
     }
 
     #[test]
@@ -1092,15 +484,21 @@ mod tests {
             &HashMap::new(),
         );
         t.list_insert(ListKind::Allow, &vip, Some(5_000));
-        assert!(matches!(t.screen("vip", "p", &now), Found::Allowed));
-        assert!(matches!(t.screen("ip:10.1.2.3", "p", &now), Found::Denied));
+        assert!(matches!(t.screen("vip", None, "p", &now), Found::Allowed));
+        assert!(matches!(
+            {
+                let (i, n) = client("ip:10.1.2.3");
+                t.screen(&i, n, "p", &now)
+            },
+            Found::Denied
+        ));
         // The runtime entry goes, the file's stays.
         assert!(t.list_remove(ListKind::Allow, &vip));
         assert!(
             !t.list_remove(ListKind::Deny, &net),
             "the file's entry is not removable"
         );
-        assert!(matches!(t.screen("vip", "p", &now), Found::Allowed));
+        assert!(matches!(t.screen("vip", None, "p", &now), Found::Allowed));
         // Tables read afresh from the store keep the file's entries.
         let mut fresh = Tables::default();
         fresh.install_configured(
@@ -1108,16 +506,25 @@ mod tests {
             std::slice::from_ref(&net),
             &HashMap::new(),
         );
-        assert!(matches!(fresh.screen("vip", "p", &now), Found::Allowed));
         assert!(matches!(
-            fresh.screen("ip:10.1.2.3", "p", &now),
+            fresh.screen("vip", None, "p", &now),
+            Found::Allowed
+        ));
+        assert!(matches!(
+            {
+                let (i, n) = client("ip:10.1.2.3");
+                fresh.screen(&i, n, "p", &now)
+            },
             Found::Denied
         ));
         // A file without them removes them.
         fresh.set_configured(&[], &[], &HashMap::new());
         assert!(fresh.is_empty());
         assert!(matches!(
-            fresh.screen("ip:10.1.2.3", "p", &now),
+            {
+                let (i, n) = client("ip:10.1.2.3");
+                fresh.screen(&i, n, "p", &now)
+            },
             Found::Pass
         ));
     }

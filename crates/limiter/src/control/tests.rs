@@ -1,3 +1,4 @@
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -142,12 +143,16 @@ async fn lists_bypass_and_refuse() {
         .await
         .unwrap();
     assert_eq!(admitted(&l, "vip", &p, 20).await, 20);
-    let c = l.check(&Identity::new("ip:198.51.100.9"), &p, 1).await;
+    let client = sluice_core::ClientNet::host("198.51.100.9".parse().unwrap());
+    let c = l.check(&Identity::client_ip(client), &p, 1).await;
     assert!(!c.allowed);
     assert_eq!(
         c.limits[0].decision.as_ref().unwrap().reason,
         Some(DenyReason::Denied)
     );
+    // The same text without the address is an identity like any other: not the client.
+    let spelled = l.check(&Identity::new("ip:198.51.100.9"), &p, 1).await;
+    assert!(spelled.allowed, "{:?}", spelled.limits[0].decision);
     assert!(
         l.control()
             .list_remove(ListKind::Allow, &allow)

@@ -138,7 +138,12 @@ pub(super) fn parse_identity(
             "\"identity\" is {} bytes; the most is {MAX_IDENTITY_LEN}",
             s.len()
         )),
-        (Some(Value::String(s)), None) => Ok(Some(Identity::new(s))),
+        // `ip:ADDRESS` / `ip6:ADDRESS[/LEN]`, written as the proxy writes a client address,
+        // names that client: the caller asserts the address, and the control plane's
+        // network lists apply. Any other text is an identity that names no address.
+        (Some(Value::String(s)), None) => Ok(Some(
+            Identity::parse_client_ip(&s).unwrap_or_else(|| Identity::new(s)),
+        )),
         (Some(other), None) => Err(format!(
             "\"identity\" must be a string, not {}",
             kind(&other)
