@@ -70,14 +70,14 @@ async fn pair(url: &str, control: ControlConfig) -> (Limiter, Limiter) {
 }
 
 async fn reason(l: &Limiter, who: &str, p: &Arc<Policy>) -> Option<DenyReason> {
-    let c = l.check(&Identity::new(who), p, 1).await;
+    let c = l.check(&client(who), p, 1).await;
     c.limits[0].decision.as_ref().and_then(|d| d.reason)
 }
 
 async fn admitted(l: &Limiter, who: &str, p: &Arc<Policy>, n: usize) -> usize {
     let mut ok = 0;
     for _ in 0..n {
-        if l.check(&Identity::new(who), p, 1).await.allowed {
+        if l.check(&client(who), p, 1).await.allowed {
             ok += 1;
         }
     }
@@ -227,7 +227,7 @@ async fn scoped_ban(a: &Limiter, b: &Limiter) {
 
 /// The remaining of one check of `who` under `p`.
 async fn remaining(l: &Limiter, who: &str, p: &Arc<Policy>) -> u64 {
-    let c = l.check(&Identity::new(who), p, 1).await;
+    let c = l.check(&client(who), p, 1).await;
     c.limits[0].decision.as_ref().map_or(0, |d| d.remaining)
 }
 
@@ -394,4 +394,10 @@ async fn changes_reach_the_other_instance_on_redis() {
 async fn changes_reach_the_other_instance_on_a_cluster() {
     let cluster = RedisCluster::start();
     shared_changes(&cluster.url()).await;
+}
+
+/// The identity the tower layer gives a client of this address (`ip:ADDRESS`), carrying the
+/// address, so the deny list's networks apply; any other text is a plain identity.
+fn client(who: &str) -> Identity {
+    Identity::parse_client_ip(who).unwrap_or_else(|| Identity::new(who))
 }
