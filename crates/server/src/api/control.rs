@@ -3,14 +3,21 @@
 //!
 //! Every call needs the admin token when one is configured (else `server.api_token` when that
 //! is set), checked in front of these handlers by the auth boundary ([`super::auth`]); every
-//! change is logged with the peer that made it. Who is concerned comes as `identity` or `credential`, read exactly as
-//! `/v1/check` reads them, so a change made with an API key reaches the bucket the proxy and
-//! `/v1/check` use for that key. Changes go to the store; every instance sharing it applies
+//! change is logged with the peer that made it. Who is concerned comes as `identity` or
+//! `credential`, read exactly as `/v1/check` reads them, so a change made with an API key
+//! reaches the bucket the proxy and `/v1/check` use for that key. Changes go to the store; every instance sharing it applies
 //! them to its next decision within a second.
 //!
 //! Bodies are read up to `control.max_body_bytes` (6 MiB by default, so a bulk import of
 //! 10,000 list entries fits), not the decision API's `server.max_body_bytes`. A table at
 //! its most entries (`[control]`) refuses a new one with `409`.
+//!
+//! Layout: this file holds the overrides and bans and what every endpoint shares (reading the
+//! body, the fields, the refusals); `lists` the allow and deny lists with their bulk import;
+//! `openapi` the endpoints' OpenAPI entries.
+
+mod lists;
+mod openapi;
 
 use std::time::Duration;
 
@@ -18,14 +25,17 @@ use axum::extract::{Request, State};
 use axum::response::Response;
 use http::StatusCode;
 use serde_json::{Map, Value, json};
-use sluice::control::{ControlError, MAX_BULK};
+use sluice::control::ControlError;
 use sluice::core::policy::{format_duration_ms, parse_duration_ms, within_max_duration};
-use sluice::{BanEntry, Identity, ListEntry, ListKind, OverrideEntry, OverrideTarget};
+use sluice::{BanEntry, Identity, OverrideEntry, OverrideTarget};
 
 use super::check::parse_identity;
 use super::{count, json_response, kind, problem, read_json};
 use crate::config::control::{ParamsText, overlay};
 use crate::state::{Runtime, Shared};
+
+pub(super) use lists::{allow_add, allow_remove, deny_add, deny_remove};
+pub(super) use openapi::add_openapi;
 
 /// The body, or the answer that refuses the request (the token was checked by the auth
 /// boundary before the handler ran).
@@ -89,57 +99,6 @@ fn problem_with(status: StatusCode, detail: &str, extra: Value) -> Response {
         http::HeaderValue::from_static("application/problem+json"),
     );
     res
-}
-
-/// The most per-entry errors a refused bulk import lists.
-const MAX_LISTED_ERRORS: usize = 100;
-
-/// Reads `entries` of a bulk import: every entry, or every error (index, entry, message).
-fn bulk_entries(list: Vec<Value>) -> Result<Vec<ListEntry>, (String, Vec<Value>)> {
-    if list.is_empty() {
-        return Err(("\"entries\" must not be empty".into(), Vec::new()));
-    }
-    if list.len() > MAX_BULK {
-        return Err((
-            format!(
-                "\"entries\" holds {} entries: at most {MAX_BULK} per call (send several calls)",
-                list.len()
-            ),
-            Vec::new(),
-        ));
-    }
-    let total = list.len();
-    let mut entries = Vec::with_capacity(total);
-    let mut errors = Vec::new();
-    let mut bad = 0usize;
-    for (i, v) in list.into_iter().enumerate() {
-        let parsed = match &v {
-            Value::String(s) => ListEntry::parse(s),
-            other => Err(format!("must be a string, not {}", kind(other))),
-        };
-        match parsed {
-            Ok(e) => entries.push(e),
-            Err(msg) => {
-                bad += 1;
-                if errors.len() < MAX_LISTED_ERRORS {
-                    errors.push(json!({"index": i, "entry": v, "error": msg}));
-                }
-            }
-        }
-    }
-    if bad == 0 {
-        return Ok(entries);
-    }
-    let first = &errors[0];
-    Err((
-        format!(
-            "{bad} of {total} entries are invalid, so none was added (all or nothing); the \
-             first, at index {}: {}",
-            first["index"],
-            first["error"].as_str().unwrap_or_default()
-        ),
-        errors,
-    ))
 }
 
 fn ok(endpoint: &'static str, v: &Value) -> Response {
@@ -455,258 +414,5 @@ pub(super) async fn unban(State(shared): State<Shared>, req: Request) -> Respons
         }
         Ok(false) => not_found(EP, "no ban for this identity"),
         Err(e) => store_failed(EP, &e),
-    }
-}
-
-async fn list_change(shared: Shared, req: Request, which: ListKind, add: bool) -> Response {
-    const EP: &str = "lists";
-    let (rt, peer, mut m) = match admit(&shared, req, EP).await {
-        Ok(x) => x,
-        Err(res) => return res,
-    };
-    if add && m.contains_key("entries") {
-        return list_add_many(&rt, &peer, m, which).await;
-    }
-    let parsed = (|| {
-        let entry = match (m.remove("entry"), m.contains_key("credential")) {
-            (Some(Value::String(s)), false) => ListEntry::parse(&s)?,
-            (Some(_), true) => {
-                return Err("give either \"entry\" or \"credential\", not both".into());
-            }
-            (None, true) => ListEntry::Identity(need_identity(&rt, &mut m)?.as_str().to_string()),
-            (Some(other), false) => {
-                return Err(format!("\"entry\" must be a string, not {}", kind(&other)));
-            }
-            (None, false) => {
-                return Err(
-                    "missing \"entry\" (an identity, address or CIDR such as 203.0.113.0/24)"
-                        .into(),
-                );
-            }
-        };
-        let ttl = if add { duration(&mut m, "ttl")? } else { None };
-        no_more_fields(
-            &m,
-            if add {
-                "entry or credential, ttl"
-            } else {
-                "entry or credential"
-            },
-        )?;
-        Ok::<_, String>((entry, ttl))
-    })();
-    let (entry, ttl) = match parsed {
-        Ok(x) => x,
-        Err(msg) => return bad(EP, &msg),
-    };
-    let list = match which {
-        ListKind::Allow => "allow",
-        ListKind::Deny => "deny",
-    };
-    let control = rt.limiter.control();
-    if add {
-        match control.list_add(which, &entry, ttl).await {
-            Ok(()) => {
-                tracing::info!(target: "sluice::admin", source = %peer, list, entry = entry.text(), ttl_ms = ttl.map(|t| t.as_millis() as u64), "list entry added");
-                ok(
-                    EP,
-                    &json!({"list": list, "entry": entry.text(), "ttl_ms": ttl.map(|t| t.as_millis() as u64)}),
-                )
-            }
-            Err(e) => store_failed(EP, &e),
-        }
-    } else {
-        match control.list_remove(which, &entry).await {
-            Ok(true) => {
-                tracing::info!(target: "sluice::admin", source = %peer, list, entry = entry.text(), "list entry removed");
-                ok(
-                    EP,
-                    &json!({"list": list, "entry": entry.text(), "removed": true}),
-                )
-            }
-            Ok(false) => not_found(
-                EP,
-                &format!("{} is not on the runtime {list} list", entry.text()),
-            ),
-            Err(e) => store_failed(EP, &e),
-        }
-    }
-}
-
-/// `POST /v1/lists/{allow,deny}` with `entries`: a bulk import, all or nothing.
-async fn list_add_many(
-    rt: &Runtime,
-    peer: &str,
-    mut m: Map<String, Value>,
-    which: ListKind,
-) -> Response {
-    const EP: &str = "lists";
-    let list = match which {
-        ListKind::Allow => "allow",
-        ListKind::Deny => "deny",
-    };
-    let parsed = (|| {
-        let raw = match m.remove("entries") {
-            Some(Value::Array(a)) => a,
-            Some(other) => {
-                return Err((
-                    format!(
-                        "\"entries\" must be a list of strings, not {}",
-                        kind(&other)
-                    ),
-                    Vec::new(),
-                ));
-            }
-            None => unreachable!("checked by the caller"),
-        };
-        if m.contains_key("entry") || m.contains_key("credential") {
-            return Err((
-                "give either \"entries\" or one \"entry\"/\"credential\", not both".into(),
-                Vec::new(),
-            ));
-        }
-        let ttl = duration(&mut m, "ttl").map_err(|e| (e, Vec::new()))?;
-        no_more_fields(&m, "entries, ttl").map_err(|e| (e, Vec::new()))?;
-        Ok((bulk_entries(raw)?, ttl))
-    })();
-    let (entries, ttl) = match parsed {
-        Ok(x) => x,
-        Err((msg, errors)) if errors.is_empty() => return bad(EP, &msg),
-        Err((msg, errors)) => {
-            count(EP, StatusCode::BAD_REQUEST);
-            return problem_with(StatusCode::BAD_REQUEST, &msg, json!({"errors": errors}));
-        }
-    };
-    match rt
-        .limiter
-        .control()
-        .list_add_many(which, &entries, ttl)
-        .await
-    {
-        Ok(added) => {
-            tracing::info!(target: "sluice::admin", source = %peer, list, entries = added, ttl_ms = ttl.map(|t| t.as_millis() as u64), "list entries added");
-            ok(
-                EP,
-                &json!({"list": list, "added": added, "ttl_ms": ttl.map(|t| t.as_millis() as u64)}),
-            )
-        }
-        Err(e) => store_failed(EP, &e),
-    }
-}
-
-/// `POST /v1/lists/allow`.
-pub(super) async fn allow_add(State(shared): State<Shared>, req: Request) -> Response {
-    list_change(shared, req, ListKind::Allow, true).await
-}
-
-/// `DELETE /v1/lists/allow`.
-pub(super) async fn allow_remove(State(shared): State<Shared>, req: Request) -> Response {
-    list_change(shared, req, ListKind::Allow, false).await
-}
-
-/// `POST /v1/lists/deny`.
-pub(super) async fn deny_add(State(shared): State<Shared>, req: Request) -> Response {
-    list_change(shared, req, ListKind::Deny, true).await
-}
-
-/// `DELETE /v1/lists/deny`.
-pub(super) async fn deny_remove(State(shared): State<Shared>, req: Request) -> Response {
-    list_change(shared, req, ListKind::Deny, false).await
-}
-
-/// The OpenAPI entries of these endpoints.
-pub(super) fn add_openapi(doc: &mut Value) {
-    let problem = |what: &str| json!({ "description": what, "content": { "application/problem+json": { "schema": { "$ref": "#/components/schemas/Problem" } } } });
-    let body = |schema: &str| json!({ "required": true, "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{schema}") } } } });
-    let answer = |what: &str| json!({ "description": what, "content": { "application/json": { "schema": { "type": "object" } } } });
-    let errors = |notfound: Option<&str>| {
-        let mut r = json!({
-            "400": problem("Malformed request, unknown policy or plan, parameters the algorithm does not take"),
-            "401": problem("admin_token is set (else server.api_token) and the request does not carry it"),
-            "409": problem("The table holds its most entries ([control] max_*); nothing changed"),
-            "503": problem("The store did not answer; nothing changed"),
-        });
-        if let Some(what) = notfound {
-            r["404"] = problem(what);
-        }
-        r
-    };
-    let with = |ok: Value, mut errs: Value| {
-        errs["200"] = ok;
-        errs
-    };
-    let paths = json!({
-        "/v1/overrides": {
-            "post": { "summary": "Bind one identity of one policy to other parameters or to a plan, optionally for a ttl",
-                "requestBody": body("OverrideRequest"),
-                "responses": with(answer("The override: policy, identity, plan, params (effective), expires_at_ms"), errors(None)) },
-            "get": { "summary": "Read the override of ?policy=P&identity=I (or &credential=C)",
-                "responses": with(answer("The override"), errors(Some("No override"))) },
-            "delete": { "summary": "Remove an override", "requestBody": body("PolicyIdentity"),
-                "responses": with(answer("{removed: true}"), errors(Some("No override"))) }
-        },
-        "/v1/bans": {
-            "post": { "summary": "Ban an identity for a duration, from every policy or the listed ones",
-                "requestBody": body("BanRequest"),
-                "responses": with(answer("The ban: identity, policies, until_ms, retry_after_ms"), errors(None)) },
-            "delete": { "summary": "Lift every ban of an identity", "requestBody": body("Identity"),
-                "responses": with(answer("{removed: true}"), errors(Some("No ban"))) }
-        },
-        "/v1/lists/allow": {
-            "post": { "summary": "Add an identity or network that bypasses every limit (still counted in metrics)", "requestBody": body("ListEntry"),
-                "responses": with(answer("The entry"), errors(None)) },
-            "delete": { "summary": "Remove a runtime allow entry", "requestBody": body("ListEntry"),
-                "responses": with(answer("{removed: true}"), errors(Some("Not on the runtime list"))) }
-        },
-        "/v1/lists/deny": {
-            "post": { "summary": "Add an identity or network refused by every policy (reason denied, 403 in the proxy)", "requestBody": body("ListEntry"),
-                "responses": with(answer("The entry"), errors(None)) },
-            "delete": { "summary": "Remove a runtime deny entry", "requestBody": body("ListEntry"),
-                "responses": with(answer("{removed: true}"), errors(Some("Not on the runtime list"))) }
-        }
-    });
-    let who = json!({
-        "identity": { "type": "string", "description": "e.g. user:42, ip:203.0.113.7" },
-        "credential": { "type": "string", "description": "Instead of identity: a secret, hashed as /v1/check hashes it" }
-    });
-    let duration = json!({ "type": ["string", "integer"], "description": "A duration such as \"10m\", or whole seconds" });
-    let with_who = |mut props: Value| {
-        for (k, v) in who.as_object().into_iter().flatten() {
-            props[k] = v.clone();
-        }
-        props
-    };
-    let schemas = json!({
-        "OverrideRequest": { "type": "object", "additionalProperties": false, "required": ["policy"],
-            "properties": with_who(json!({
-                "policy": { "type": "string" },
-                "params": { "type": "object", "description": "Parameters under the names of [policies.*] (capacity, rate, burst, limit, window, mode, lease), laid over the policy's own; same algorithm" },
-                "plan": { "type": "string", "description": "A plan with a [plans.NAME.POLICY] table" },
-                "ttl": duration.clone() })) },
-        "PolicyIdentity": { "type": "object", "additionalProperties": false, "required": ["policy"],
-            "properties": with_who(json!({ "policy": { "type": "string" } })) },
-        "Identity": { "type": "object", "additionalProperties": false, "properties": with_who(json!({})) },
-        "BanRequest": { "type": "object", "additionalProperties": false, "required": ["duration"],
-            "properties": with_who(json!({
-                "duration": duration.clone(),
-                "policies": { "type": "array", "items": { "type": "string" }, "minItems": 1, "description": "The ban's scope; every policy when absent" } })) },
-        "ListEntry": { "type": "object", "additionalProperties": false,
-            "properties": {
-                "entry": { "type": "string", "description": "An identity, an address or a CIDR (matched against ip:, ip6: and Envoy remote_address identities)" },
-                "credential": { "type": "string", "description": "Instead of entry: a secret, hashed as /v1/check hashes it" },
-                "entries": { "type": "array", "items": { "type": "string" }, "minItems": 1, "maxItems": MAX_BULK, "description": "POST only, instead of entry: up to 10,000 entries added all or nothing (any invalid entry refuses the call with a 400 listing the errors by index)" },
-                "ttl": duration } }
-    });
-    for (k, v) in paths.as_object().into_iter().flatten() {
-        doc["paths"][k] = v.clone();
-    }
-    for (k, v) in schemas.as_object().into_iter().flatten() {
-        doc["components"]["schemas"][k] = v.clone();
-    }
-    if let Some(reasons) =
-        doc["components"]["schemas"]["PolicyDecision"]["properties"]["reason"]["enum"]
-            .as_array_mut()
-    {
-        reasons.extend([json!("banned"), json!("denied")]);
     }
 }

@@ -16,52 +16,30 @@
 //!
 //! The bookkeeping is pure (no I/O): the listeners call [`ConnectionBudget::admit`] and keep
 //! the returned permit for as long as the connection lives.
+//!
+//! Layout: this file admits and releases connections; `address` is the unit the per-address
+//! caps count; `counts` keeps the counters and finds an idle connection to displace.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::net::{IpAddr, Ipv4Addr};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Weak};
+mod address;
+mod counts;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use parking_lot::Mutex;
 
 use super::{RejectReason, effective_max_connections};
 use crate::limits::ConnectionLimits;
+pub use address::AddressGroup;
+pub use counts::IdleHandle;
+use counts::{Counts, DISPLACE_SCAN};
 
 /// Pressure starts when the connections under the cap reach `PRESSURE_NUM / PRESSURE_DEN` of
 /// it: per-address caps apply from there on.
 pub const PRESSURE_NUM: usize = 3;
 /// See [`PRESSURE_NUM`].
 pub const PRESSURE_DEN: usize = 4;
-
-/// Most entries one admission looks at when it seeks an idle connection to displace, so an
-/// accept costs a bounded time even with thousands of busy connections.
-const DISPLACE_SCAN: usize = 64;
-
-/// Most addresses, heaviest first, searched for an idle connection to displace.
-const HEAVIEST_SCAN: usize = 8;
-
-/// The unit the per-address caps count: one IPv4 address, or one IPv6 /64 network. An IPv4
-/// client seen through an IPv6 socket counts as its IPv4 address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum AddressGroup {
-    /// An IPv4 address.
-    V4(Ipv4Addr),
-    /// The upper 64 bits of an IPv6 address.
-    V6Net(u64),
-}
-
-impl AddressGroup {
-    /// The group `ip` belongs to.
-    pub fn of(ip: IpAddr) -> Self {
-        match ip {
-            IpAddr::V4(v4) => AddressGroup::V4(v4),
-            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                Some(v4) => AddressGroup::V4(v4),
-                None => AddressGroup::V6Net((u128::from(v6) >> 64) as u64),
-            },
-        }
-    }
-}
 
 /// How an accepted connection may be used.
 #[derive(Debug)]
@@ -72,181 +50,6 @@ pub enum Admission {
     ReserveOnly(ConnectionPermit),
     /// Not admitted: answer it (if it can be answered) and close it.
     Refused(RejectReason),
-}
-
-/// How a connection that can be displaced tells the budget whether it is idle, and how the
-/// budget tells it to close.
-#[derive(Debug, Default)]
-pub struct IdleHandle {
-    in_flight: AtomicUsize,
-    displaced: AtomicBool,
-    close: tokio::sync::Notify,
-    /// Admitted into the reserve: it only makes room for another reserve connection.
-    reserve_only: bool,
-}
-
-impl IdleHandle {
-    /// A request started on the connection.
-    pub fn request_started(&self) {
-        self.in_flight.fetch_add(1, Ordering::AcqRel);
-    }
-
-    /// A request (its response included) ended.
-    pub fn request_ended(&self) {
-        self.in_flight.fetch_sub(1, Ordering::AcqRel);
-    }
-
-    /// Resolves when the budget displaced this connection: close it gracefully.
-    pub async fn displaced(&self) {
-        self.close.notified().await;
-    }
-
-    fn is_idle(&self) -> bool {
-        self.in_flight.load(Ordering::Acquire) == 0
-    }
-
-    /// Whether this live connection can make room in the cap (`reserve_only == false`) or in
-    /// the reserve.
-    fn can_make_room(&self, reserve_only: bool) -> bool {
-        self.reserve_only == reserve_only
-            && self.is_idle()
-            && !self.displaced.load(Ordering::Acquire)
-    }
-}
-
-/// One address group's open connections and its displaceable ones, newest last.
-#[derive(Debug, Default)]
-struct AddressEntry {
-    open: usize,
-    displaceable: VecDeque<Weak<IdleHandle>>,
-}
-
-#[derive(Debug, Default)]
-struct Counts {
-    /// Open connections admitted under the cap, and into the reserve.
-    full: usize,
-    reserve: usize,
-    by_address: HashMap<AddressGroup, AddressEntry>,
-    /// `(open, group)` for every group with open connections: the heaviest is last.
-    by_load: BTreeSet<(usize, AddressGroup)>,
-    /// Displaceable connections, oldest first (entries of closed ones are dropped lazily).
-    displaceable: VecDeque<Weak<IdleHandle>>,
-    /// Connections told to close to make room, not yet closed, under the cap and in the
-    /// reserve: their slots are spoken for.
-    displacing_full: usize,
-    displacing_reserve: usize,
-}
-
-impl Counts {
-    /// Connections under the cap that are not on their way out.
-    fn live_full(&self) -> usize {
-        self.full.saturating_sub(self.displacing_full)
-    }
-
-    fn open_of(&self, group: AddressGroup) -> usize {
-        self.by_address.get(&group).map_or(0, |e| e.open)
-    }
-
-    /// Moves `group`'s open count by `delta` (+1 or -1), keeping `by_load` in step.
-    fn add_open(&mut self, group: AddressGroup, up: bool) {
-        let entry = self.by_address.entry(group).or_default();
-        let before = entry.open;
-        entry.open = if up {
-            before + 1
-        } else {
-            before.saturating_sub(1)
-        };
-        let after = entry.open;
-        if after == 0 {
-            self.by_address.remove(&group);
-        }
-        if before > 0 {
-            self.by_load.remove(&(before, group));
-        }
-        if after > 0 {
-            self.by_load.insert((after, group));
-        }
-    }
-
-    fn mark_displaced(&mut self, handle: &IdleHandle) {
-        handle.displaced.store(true, Ordering::Release);
-        handle.close.notify_one();
-        if handle.reserve_only {
-            self.displacing_reserve += 1;
-        } else {
-            self.displacing_full += 1;
-        }
-    }
-
-    /// Tells the newest idle connection of the heaviest addresses (up to [`HEAVIEST_SCAN`]
-    /// of them, none lighter than `newcomer`'s) to close; false when none of them has one
-    /// within the scan bound.
-    fn displace_from_heaviest(&mut self, newcomer: AddressGroup) -> bool {
-        let floor = self.open_of(newcomer);
-        let heaviest: Vec<AddressGroup> = self
-            .by_load
-            .iter()
-            .rev()
-            .take(HEAVIEST_SCAN)
-            .take_while(|(open, _)| *open >= floor.max(1))
-            .map(|(_, g)| *g)
-            .collect();
-        let mut scanned = 0;
-        for group in heaviest {
-            let Some(entry) = self.by_address.get_mut(&group) else {
-                continue;
-            };
-            let mut found = None;
-            for i in (0..entry.displaceable.len()).rev() {
-                if scanned >= DISPLACE_SCAN {
-                    break;
-                }
-                scanned += 1;
-                match entry.displaceable[i].upgrade() {
-                    Some(h) if h.can_make_room(false) => {
-                        found = Some((i, h));
-                        break;
-                    }
-                    Some(_) => {}
-                    None => {
-                        entry.displaceable.remove(i);
-                    }
-                }
-            }
-            if let Some((i, handle)) = found {
-                entry.displaceable.remove(i);
-                self.mark_displaced(&handle);
-                return true;
-            }
-            if scanned >= DISPLACE_SCAN {
-                break;
-            }
-        }
-        false
-    }
-
-    /// Tells the longest-held idle connection of the cap (`reserve_only == false`) or of the
-    /// reserve to close; false when none of the first [`DISPLACE_SCAN`] candidates is one.
-    fn displace_oldest(&mut self, reserve_only: bool) -> bool {
-        for _ in 0..DISPLACE_SCAN.min(self.displaceable.len()) {
-            let Some(weak) = self.displaceable.pop_front() else {
-                break;
-            };
-            let Some(handle) = weak.upgrade() else {
-                continue;
-            };
-            if handle.displaced.load(Ordering::Acquire) {
-                continue;
-            }
-            if handle.can_make_room(reserve_only) {
-                self.mark_displaced(&handle);
-                return true;
-            }
-            // Busy now, or of the other pool: it may be a candidate for a later admission.
-            self.displaceable.push_back(weak);
-        }
-        false
-    }
 }
 
 /// The connections open over all listeners, against the global and per-address caps. Shared
@@ -355,10 +158,7 @@ impl ConnectionBudget {
         }
         counts.add_open(group, true);
         let idle = displaceable.then(|| {
-            let handle = Arc::new(IdleHandle {
-                reserve_only,
-                ..IdleHandle::default()
-            });
+            let handle = Arc::new(IdleHandle::new(reserve_only));
             // Entries of closed connections go when a list has grown well past the open
             // connections: amortised O(1) per admission, bounded memory.
             let open = counts.full + counts.reserve;
