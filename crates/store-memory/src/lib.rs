@@ -32,7 +32,8 @@
 //! never turn a denial into an admission; `docs/embedded-store.md` states the exact guarantee.
 //! Module `shard` holds one shard's table, its byte count and its summaries; module `cell`
 //! the atomic cells and the read path's one compare-and-swap loop, with the liveness rule
-//! every path shares; module `clock` the default clock ([`FastClock`]).
+//! every path shares; module `many` the general (multi-limit) path; module `clock` the
+//! default clock ([`FastClock`]).
 #![forbid(unsafe_code)]
 
 mod adjust;
@@ -40,19 +41,18 @@ mod cell;
 mod clock;
 mod evict;
 pub mod fingerprints;
+mod many;
 mod shard;
 pub mod summary;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 use parking_lot::Mutex;
-use sluice_core::algorithm::{self, State, Update};
+use sluice_core::algorithm::{self, Update};
 use sluice_core::{
-    Algorithm, CheckItem, Clock, Decision, DenyReason, LeaseId, MultiDecision, Store, StoreError,
-    Timestamp,
+    Algorithm, CheckItem, Clock, Decision, LeaseId, MultiDecision, Store, StoreError, Timestamp,
 };
 
 pub use clock::FastClock;
@@ -229,13 +229,6 @@ impl Default for MemoryStore {
     }
 }
 
-/// A staged change to one key during a check.
-#[derive(Debug)]
-enum Staged {
-    Put(State, Timestamp),
-    Delete,
-}
-
 impl MemoryStore {
     /// A store on the default clock ([`FastClock`]) with the defaults.
     pub fn new() -> Self {
@@ -342,7 +335,7 @@ impl MemoryStore {
     /// allocation for a key already held). A concurrency check that takes a lease goes through
     /// the general path.
     pub fn check_one(&self, item: &CheckItem<'_>) -> Decision {
-        if matches!(item.algorithm, Algorithm::Concurrency { .. }) && item.cost > 0 {
+        if item.algorithm.takes_lease(item.cost) {
             let mut d = self.check_many_now(std::slice::from_ref(item));
             return d
                 .decisions
@@ -428,145 +421,6 @@ impl MemoryStore {
             };
         }
         self.check_many_now(items)
-    }
-
-    /// The general path: any number of items, all-or-nothing.
-    fn check_many_now(&self, items: &[CheckItem<'_>]) -> MultiDecision {
-        let now = self.now();
-        let lease = items
-            .iter()
-            .any(|i| matches!(i.algorithm, Algorithm::Concurrency { .. }) && i.cost > 0)
-            .then(random_lease_id);
-
-        // Lock every shard involved, once each, in ascending order.
-        let hashes: Vec<u64> = items.iter().map(|i| self.hash(i.key)).collect();
-        let mut idx: Vec<usize> = hashes.iter().map(|&h| self.shard_index(h)).collect();
-        let mut order = idx.clone();
-        order.sort_unstable();
-        order.dedup();
-        let mut guards: Vec<(usize, ShardedLockWriteGuard<'_, Shard>)> =
-            order.iter().map(|&s| (s, self.shards[s].write())).collect();
-        let slot = |s: usize| order.binary_search(&s).unwrap_or(0);
-        for s in &mut idx {
-            *s = slot(*s);
-        }
-        // Evaluate in order; a key appearing twice sees the change staged by the first.
-        let mut staged: HashMap<&str, (u64, Staged, &Algorithm)> = HashMap::new();
-        let mut decisions = Vec::with_capacity(items.len());
-        let mut summarized = 0u64;
-        // Items whose stored state is back at rest: dropped once evaluated.
-        let mut stale = Vec::new();
-        for ((item, &g), &h) in items.iter().zip(&idx).zip(&hashes) {
-            let outcome = match staged.get(item.key) {
-                Some((_, change, _)) => {
-                    let state = match change {
-                        Staged::Put(s, _) => Some(s),
-                        Staged::Delete => None,
-                    };
-                    algorithm::decide(item.algorithm, state, now, item.cost, lease.as_ref())
-                }
-                None => {
-                    let found =
-                        guards[g]
-                            .1
-                            .lookup(h, item.key, now, item.algorithm, &self.evicted_lease);
-                    summarized += u64::from(matches!(found, Lookup::Summarized(_)));
-                    if matches!(found, Lookup::Stale) {
-                        stale.push((g, h, item.key));
-                    }
-                    algorithm::decide(
-                        item.algorithm,
-                        found.state(),
-                        now,
-                        item.cost,
-                        lease.as_ref(),
-                    )
-                }
-            };
-            match outcome.update {
-                Update::Keep => {}
-                Update::Put { state, expires_at } => {
-                    let change = Staged::Put(state, expires_at);
-                    staged.insert(item.key, (h, change, item.algorithm));
-                }
-                Update::Delete => {
-                    staged.insert(item.key, (h, Staged::Delete, item.algorithm));
-                }
-            }
-            decisions.push(outcome.decision);
-        }
-        if summarized > 0 {
-            self.summarized_checks
-                .fetch_add(summarized, Ordering::Relaxed);
-        }
-
-        let allowed = decisions.iter().all(|d| d.allowed);
-        let (mut added, mut removed) = (0usize, 0usize);
-        if !allowed {
-            // Denied: nothing is written. Items that would have admitted report their
-            // unconsumed state, as a cost-0 peek sees it.
-            for (i, ((item, &g), &h)) in items.iter().zip(&idx).zip(&hashes).enumerate() {
-                if decisions[i].allowed {
-                    let found =
-                        guards[g]
-                            .1
-                            .lookup(h, item.key, now, item.algorithm, &self.evicted_lease);
-                    let peek =
-                        algorithm::decide(item.algorithm, found.state(), now, 0, None).decision;
-                    decisions[i] = Decision {
-                        allowed: false,
-                        retry_after_ms: 0,
-                        delay_ms: 0,
-                        reason: Some(DenyReason::OtherLimitDenied),
-                        lease: None,
-                        ..peek
-                    };
-                }
-            }
-        }
-        for (g, h, key) in stale {
-            removed += usize::from(guards[g].1.remove(h, key));
-        }
-        if allowed {
-            for (key, (h, change, algorithm)) in staged {
-                let g = slot(self.shard_index(h));
-                let shard = &mut guards[g].1;
-                match change {
-                    Staged::Put(state, expires_at) => {
-                        let entry = Entry { state, expires_at };
-                        added += usize::from(shard.put(h, key, entry, algorithm));
-                    }
-                    Staged::Delete => removed += usize::from(shard.remove(h, key)),
-                }
-            }
-        }
-        removed += self.sweep_some(&mut guards, now);
-        let bytes: isize = guards.iter_mut().map(|(_, s)| s.take_bytes_delta()).sum();
-        drop(guards);
-        self.keys.fetch_add(added, Ordering::Relaxed);
-        self.keys.fetch_sub(removed, Ordering::Relaxed);
-        self.account_bytes(bytes);
-        if added > 0 || bytes > 0 {
-            self.enforce_limits(now);
-        }
-        MultiDecision { allowed, decisions }
-    }
-
-    /// Counts a check against each locked shard and sweeps those that have seen as many checks
-    /// as they hold entries (at least 64), so sweeping costs O(1) per check amortised.
-    fn sweep_some(
-        &self,
-        guards: &mut [(usize, ShardedLockWriteGuard<'_, Shard>)],
-        now: Timestamp,
-    ) -> usize {
-        let mut removed = 0;
-        for (_, shard) in guards.iter_mut() {
-            shard.ops_since_sweep += 1;
-            if shard.ops_since_sweep >= shard.len().max(64) {
-                removed += shard.sweep(now);
-            }
-        }
-        removed
     }
 
     /// The synchronous core of [`Store::release`].

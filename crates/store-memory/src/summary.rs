@@ -31,23 +31,14 @@
 //! same admitted request both stay ordered.
 #![forbid(unsafe_code)]
 
-use sluice_core::algorithm::{
-    State, concurrency, fixed_window, gcra, leaky_bucket, sliding_window_counter,
-    sliding_window_log, token_bucket,
-};
+use sluice_core::algorithm::{State, bound};
 use sluice_core::{Algorithm, LeaseId, Timestamp};
 
 /// Rows of a sketch: a key is misjudged only if all of its cells collide.
 pub const ROWS: usize = 4;
 
 /// An upper bound on one key's evicted state.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Trace {
-    /// At most this much is spent (units of cost; unused by the linearly draining algorithms).
-    pub amount: u64,
-    /// The key is back at its initial value by this time (µs).
-    pub until: Timestamp,
-}
+pub type Trace = bound::Bound;
 
 /// A fixed-size summary of evicted states (see the module docs).
 #[derive(Debug, Clone)]
@@ -118,128 +109,21 @@ impl Sketch {
     }
 }
 
-/// The trace of a state about to be evicted, whose value is back at rest at `expires_at`.
+/// The trace of a state about to be evicted, whose value is back at rest at `expires_at`
+/// ([`sluice_core::algorithm::bound::spent`]).
 pub fn trace(state: &State, expires_at: Timestamp, now: Timestamp) -> Trace {
-    let now_ms = now / 1000;
-    let amount = match state {
-        // Drain linearly: the time back at rest says it all.
-        State::TokenBucket(_) | State::LeakyBucket(_) | State::Gcra(_) => 0,
-        State::FixedWindow(s) => s.count,
-        // The previous window may no longer count; adding it can only overstate.
-        State::SlidingWindowCounter(s) => s.curr.saturating_add(s.prev),
-        State::SlidingWindowLog(s) => s.entries.iter().map(|&(_, c)| c).sum(),
-        State::Concurrency(s) => s
-            .leases
-            .iter()
-            .filter(|l| l.expires_ms > now_ms)
-            .map(|l| l.cost)
-            .sum(),
-    };
-    Trace {
-        amount,
-        until: expires_at,
-    }
+    bound::spent(state, expires_at, now)
 }
 
 /// The most restrictive state of `algorithm` that `bound` allows at `now`, or `None` when that
-/// is the initial state. `evicted_lease` names the one lease standing for the evicted
-/// concurrency leases (it cannot be released: nobody was given its id).
+/// is the initial state ([`sluice_core::algorithm::bound::restrictive_state`]).
 pub fn restrictive_state(
     algorithm: &Algorithm,
     bound: Trace,
     now: Timestamp,
     evicted_lease: &LeaseId,
 ) -> Option<State> {
-    if bound.until <= now {
-        return None;
-    }
-    let now_ms = now / 1000;
-    let until_ms = bound.until.div_ceil(1000);
-    let left_ms = until_ms.saturating_sub(now_ms);
-    let state = match *algorithm {
-        Algorithm::TokenBucket { capacity, rate } => {
-            let r = rate.reduced();
-            let full = capacity.saturating_mul(r.per_ms);
-            let missing = left_ms.saturating_mul(r.amount).min(full);
-            State::TokenBucket(token_bucket::State {
-                tokens: full - missing,
-                last_ms: now_ms,
-            })
-        }
-        Algorithm::LeakyBucket { capacity, rate, .. } => {
-            let r = rate.reduced();
-            let full = capacity.saturating_mul(r.per_ms);
-            State::LeakyBucket(leaky_bucket::State {
-                level: left_ms.saturating_mul(r.amount).min(full),
-                last_ms: now_ms,
-            })
-        }
-        Algorithm::Gcra { .. } => State::Gcra(gcra::State { tat: bound.until }),
-        Algorithm::FixedWindow { limit, window_ms } => {
-            let count = bound.amount.min(limit);
-            if count == 0 {
-                return None;
-            }
-            State::FixedWindow(fixed_window::State {
-                window_start: now_ms / window_ms * window_ms,
-                count,
-            })
-        }
-        Algorithm::CalendarWindow { limit, period } => {
-            let count = bound.amount.min(limit);
-            if count == 0 {
-                return None;
-            }
-            State::FixedWindow(fixed_window::State {
-                window_start: period.bounds(now_ms).0,
-                count,
-            })
-        }
-        Algorithm::SlidingWindowCounter { limit, window_ms } => {
-            let spent = bound.amount.min(limit);
-            if spent == 0 {
-                return None;
-            }
-            let start = now_ms / window_ms * window_ms;
-            // A key back at rest by the end of this window spent nothing in it.
-            let curr = if until_ms <= start + window_ms {
-                0
-            } else {
-                spent
-            };
-            State::SlidingWindowCounter(sliding_window_counter::State {
-                window_start: start,
-                curr,
-                prev: spent,
-            })
-        }
-        Algorithm::SlidingWindowLog { limit, window_ms } => {
-            let spent = bound.amount.min(limit);
-            if spent == 0 {
-                return None;
-            }
-            // One entry leaving the window at `until`; never later than a request made now
-            // would leave, as every evicted request was made by now.
-            let t = until_ms.saturating_sub(window_ms).min(now_ms);
-            State::SlidingWindowLog(sliding_window_log::State {
-                entries: [(t, spent)].into(),
-            })
-        }
-        Algorithm::Concurrency { limit, .. } => {
-            let held = bound.amount.min(limit);
-            if held == 0 {
-                return None;
-            }
-            State::Concurrency(concurrency::State {
-                leases: vec![concurrency::Lease {
-                    id: evicted_lease.clone(),
-                    cost: held,
-                    expires_ms: until_ms,
-                }],
-            })
-        }
-    };
-    Some(state)
+    bound::restrictive_state(algorithm, bound, now, evicted_lease)
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! scripts take), so the stores ask instead of matching on [`Algorithm`] themselves.
 
 pub mod adjust;
+pub mod bound;
 pub mod calendar;
 pub mod concurrency;
 pub mod fixed_window;
