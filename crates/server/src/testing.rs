@@ -123,5 +123,7 @@ impl Drop for TestServer {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
+        // A test that ends without `stop` (or panics) leaves no directory behind either.
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }

@@ -26,6 +26,8 @@ struct Server {
     addrs: BoundAddrs,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), sluice_server::ServeError>>,
+    /// The temporary directory of the configuration file, removed by `stop`.
+    dir: std::path::PathBuf,
 }
 
 /// Limits that stay out of the way; each test lowers the one it exercises.
@@ -62,6 +64,7 @@ async fn serve(connections: ConnectionLimits, grpc: GrpcLimits) -> Server {
         addrs,
         stop: Some(tx),
         task,
+        dir,
     }
 }
 
@@ -73,6 +76,7 @@ impl Server {
             .expect("server stops within 15 s")
             .unwrap()
             .expect("server ran cleanly");
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

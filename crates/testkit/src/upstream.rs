@@ -175,7 +175,7 @@ impl Upstream {
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap_or_else(|e| panic!("start the {framework:?} upstream: {e}"));
-        let watchdog = watchdog(child.id());
+        let watchdog = watchdog(child.id(), &dir.0);
         let mut up = Upstream {
             framework,
             port,

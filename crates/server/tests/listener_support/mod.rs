@@ -29,6 +29,8 @@ pub(crate) struct Server {
     pub(crate) addrs: BoundAddrs,
     stop: Option<oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), sluice_server::ServeError>>,
+    /// The temporary directory of the configuration file, removed by `stop`.
+    dir: std::path::PathBuf,
 }
 
 /// A server with `connections` as its connection limits (`None`: the configured defaults).
@@ -53,6 +55,7 @@ pub(crate) async fn serve(connections: Option<ConnectionLimits>) -> Server {
         addrs,
         stop: Some(tx),
         task,
+        dir,
     }
 }
 
@@ -64,6 +67,7 @@ impl Server {
             .expect("server stops within 20 s")
             .unwrap()
             .expect("server ran cleanly");
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -139,15 +139,20 @@ pub fn redis_cli(port: u16, args: &[&str]) -> String {
 }
 
 /// A shell that kills `pid` once the test process (`parent`) is gone, so a server kept in a
-/// `static` never outlives the tests.
-pub(crate) fn watchdog(pid: u32) -> Option<Child> {
+/// `static` never outlives the tests, and then removes `dir`, the server's temporary
+/// directory, which a `static` never drops either. The directory goes only when the test
+/// process is gone: a server that merely died may be restarted in it.
+pub(crate) fn watchdog(pid: u32, dir: &Path) -> Option<Child> {
     let parent = std::process::id();
     let script = format!(
-        "while kill -0 {parent} 2>/dev/null && kill -0 {pid} 2>/dev/null; do sleep 1; done; kill -9 {pid} 2>/dev/null"
+        "while kill -0 {parent} 2>/dev/null && kill -0 {pid} 2>/dev/null; do sleep 1; done; \
+         kill -9 {pid} 2>/dev/null; kill -0 {parent} 2>/dev/null || rm -rf -- \"$1\""
     );
     Command::new("sh")
         .arg("-c")
         .arg(script)
+        .arg("sh")
+        .arg(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

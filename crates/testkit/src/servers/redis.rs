@@ -104,7 +104,7 @@ impl RedisServer {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        self.watchdog = watchdog(child.id());
+        self.watchdog = watchdog(child.id(), &self.dir.0);
         self.child = Some(child);
         Ok(())
     }

@@ -83,7 +83,7 @@ impl SentinelGroup {
                     master,
                     replica,
                     sentinel_port: port,
-                    sentinel_watchdog: watchdog(child.id()),
+                    sentinel_watchdog: watchdog(child.id(), &dir.0),
                     sentinel: Some(child),
                     dir,
                 };

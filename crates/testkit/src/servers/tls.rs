@@ -162,7 +162,7 @@ impl TlsRedisServer {
                 port,
                 ca: files.ca(),
                 child: None,
-                watchdog: watchdog(child.id()),
+                watchdog: watchdog(child.id(), &dir.0),
                 dir,
             };
             let deadline = Instant::now() + Duration::from_secs(10);
