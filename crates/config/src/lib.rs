@@ -20,6 +20,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod access;
 mod check;
 pub mod control;
 mod envoy_section;
@@ -52,6 +53,7 @@ use crate::limits::{ConnectionLimits, GrpcLimits};
 
 pub use envoy_section::load_domain_yaml;
 pub use error::{ConfigError, ConfigErrors, field_at, line_of};
+pub use access::Access;
 pub use identity::IdentitySource;
 pub use layers::{route_deciders, route_layers, route_rule};
 pub use routes::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT};

@@ -8,6 +8,7 @@ use super::check::hex32;
 use super::error::{Checker, ConfigError};
 use super::raw::{RawConfig, RawServer};
 use super::{DEFAULT_GRPC, DEFAULT_HTTP, DEFAULT_PROXY, ServerConfig};
+use crate::access::{Access, CONTROL_ENDPOINTS};
 use crate::limits::{ConnectionLimits, GrpcLimits};
 
 /// Largest `max_header_bytes`: a request head beyond 1 MiB is an attack, not a request.
@@ -236,7 +237,8 @@ pub(super) fn admin_exposure_at(
     admin: Option<SocketAddr>,
 ) -> Option<ConfigError> {
     let (addr, field) = control_listener(http, admin);
-    if c.admin_token.is_some() || c.server.public_admin_without_token || addr.ip().is_loopback() {
+    let admin_guarded = c.accepted_tokens(Access::Control).1 == "admin_token";
+    if admin_guarded || c.server.public_admin_without_token || addr.ip().is_loopback() {
         return None;
     }
     Some(ConfigError {
@@ -247,10 +249,9 @@ pub(super) fn admin_exposure_at(
         line: None,
         field: field.into(),
         message: format!(
-            "the endpoints that change limits (/v1/overrides, /v1/bans, /v1/lists/*, DELETE \
-             /v1/state, /v1/charge, /v1/refund, /admin/*), /v1/stats and /metrics would be \
-             served on {addr}, which is not a loopback address, without admin_token: set \
-             admin_token (such as \"env:SLUICE_ADMIN_TOKEN\"), move them to a loopback \
+            "the endpoints that change limits ({CONTROL_ENDPOINTS}), /v1/stats and /metrics \
+             would be served on {addr}, which is not a loopback address, without admin_token: \
+             set admin_token (such as \"env:SLUICE_ADMIN_TOKEN\"), move them to a loopback \
              server.admin, or set server.public_admin_without_token = true"
         ),
     })
@@ -268,15 +269,14 @@ pub(super) fn exposure_warnings(c: &super::Config) -> Vec<String> {
     if !c.server.public_admin_without_token || addr.ip().is_loopback() {
         return Vec::new();
     }
-    let guard = match (&c.admin_token, &c.server.api_token) {
-        (Some(_), _) => return Vec::new(),
-        (None, Some(_)) => "only server.api_token (which every application holds) guards them",
-        (None, None) => "no token guards them: anyone who can reach it can change every limit",
+    let guard = match c.accepted_tokens(Access::Control).1 {
+        "admin_token" => return Vec::new(),
+        "api_token" => "only server.api_token (which every application holds) guards them",
+        _ => "no token guards them: anyone who can reach it can change every limit",
     };
     vec![format!(
         "server.public_admin_without_token = true: the endpoints that change limits \
-         (/v1/overrides, /v1/bans, /v1/lists/*, DELETE /v1/state, /v1/charge, /v1/refund, \
-         /admin/*), /v1/stats and /metrics are served on {addr} ({field}), beyond loopback, and \
-         {guard}; set admin_token, or serve them on a loopback server.admin"
+         ({CONTROL_ENDPOINTS}), /v1/stats and /metrics are served on {addr} ({field}), beyond \
+         loopback, and {guard}; set admin_token, or serve them on a loopback server.admin"
     )]
 }

@@ -29,18 +29,9 @@ use super::{count, problem};
 use crate::Config;
 use crate::state::Shared;
 
-/// Who may call an endpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Class {
-    /// No data and no effect: served to anyone.
-    Open,
-    /// The decision API: what applications call.
-    Decision,
-    /// Changes to limits and the control plane, and the report that names identities.
-    Control,
-    /// The Prometheus text.
-    Metrics,
-}
+/// Who may call an endpoint: the configuration's own [`sluice_config::Access`], whose
+/// [`Config::accepted_tokens`] is the one rule of which token admits it.
+pub use sluice_config::Access as Class;
 
 /// The class of `method path`. Paths the router does not serve are [`Class::Open`]: they
 /// answer `404` whoever asks.
@@ -63,21 +54,7 @@ pub fn classify(method: &Method, path: &str) -> Class {
 /// refusal; no tokens means the class is open (on a loopback listener, or by
 /// `server.public_admin_without_token`).
 pub fn accepted_tokens(config: &Config, class: Class) -> (Vec<&str>, &'static str) {
-    let api = config.server.api_token.as_deref();
-    let admin = config.admin_token.as_deref();
-    match class {
-        Class::Open => (Vec::new(), ""),
-        Class::Decision => match api {
-            Some(api) => (std::iter::once(api).chain(admin).collect(), "api_token"),
-            None => (Vec::new(), ""),
-        },
-        Class::Control => match (admin, api) {
-            (Some(admin), _) => (vec![admin], "admin_token"),
-            (None, Some(api)) => (vec![api], "api_token"),
-            (None, None) => (Vec::new(), ""),
-        },
-        Class::Metrics => (admin.into_iter().collect(), "admin_token"),
-    }
+    config.accepted_tokens(class)
 }
 
 /// True when no token is required, or `headers` carry `Authorization: Bearer <token>`.

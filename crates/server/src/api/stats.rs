@@ -22,12 +22,8 @@ const MAX_LISTED: usize = 200;
 pub(super) async fn stats(State(shared): State<Shared>) -> Response {
     let rt = shared.runtime();
     // The token itself was checked by the auth boundary ([`super::auth`]) before this ran.
-    let token = rt
-        .config
-        .admin_token
-        .as_deref()
-        .or(rt.config.server.api_token.as_deref());
-    if !served_without_token(&rt.config, token) {
+    let guarded = rt.config.guarded(sluice_config::Access::Control);
+    if !served_without_token(&rt.config, guarded) {
         count("stats", StatusCode::FORBIDDEN);
         return super::problem(
             StatusCode::FORBIDDEN,
@@ -117,8 +113,8 @@ fn control_sizes(control: &sluice::ControlPlane) -> Value {
 
 /// Identities are not for everyone who can reach a public listener: without any token the
 /// report is served on a loopback listener only (or when explicitly allowed).
-fn served_without_token(config: &crate::Config, token: Option<&str>) -> bool {
-    token.is_some()
+fn served_without_token(config: &crate::Config, guarded: bool) -> bool {
+    guarded
         || config
             .server
             .admin
@@ -157,14 +153,14 @@ mod tests {
             )
             .unwrap()
         };
-        assert!(!served_without_token(&config(""), None));
-        assert!(served_without_token(&config(""), Some("t")));
+        assert!(!served_without_token(&config(""), false));
+        assert!(served_without_token(&config(""), true));
         assert!(served_without_token(
             &config("public_admin_without_token = true"),
-            None
+            false
         ));
         let local = crate::Config::parse("", "sluice.toml", None).unwrap();
-        assert!(served_without_token(&local, None));
+        assert!(served_without_token(&local, false));
         // A public decision listener with a loopback admin listener: the report is served
         // on the admin listener only, so without a token.
         let split = crate::Config::parse(
@@ -173,6 +169,6 @@ mod tests {
             None,
         )
         .unwrap();
-        assert!(served_without_token(&split, None));
+        assert!(served_without_token(&split, false));
     }
 }
