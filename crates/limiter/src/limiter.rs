@@ -6,17 +6,16 @@ use std::time::{Duration, Instant};
 
 use sluice_core::key::key_slot;
 use sluice_core::store::CheckItem;
-use sluice_core::{
-    Decision, DenyReason, FailureMode, Identity, KeyScheme, LeaseId, MultiDecision, Policy, Store,
-    StoreError,
-};
+use sluice_core::{FailureMode, Identity, KeyScheme, MultiDecision, Policy, Store, StoreError};
 
-use crate::breaker::{BreakerConfig, CircuitBreaker};
+use crate::breaker::CircuitBreaker;
 use crate::control::ControlPlane;
 use crate::deny_cache::{DenyCache, DenyCacheMode};
 use crate::leased::LeaseTable;
-use crate::local::{LocalFallback, LocalShare};
+use crate::local::LocalFallback;
 
+mod builder;
+mod checked;
 mod leased_ops;
 
 mod reservation_ops;
@@ -25,210 +24,8 @@ mod state_ops;
 
 mod store_call;
 
-/// How the verdict of a check was reached.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Verdict {
-    /// The store answered (or, while it is unreachable, the embedded store of the local
-    /// fallback answered for `failure_mode = "local"` policies).
-    Decided,
-    /// The store failed and every policy involved fails open: the request is admitted.
-    FailedOpen(StoreError),
-    /// The store failed and a policy involved fails closed, or sluice itself was saturated
-    /// ([`StoreError::Overloaded`], whatever the failure modes): the request is denied.
-    FailedClosed(StoreError),
-}
-
-impl Verdict {
-    /// `decided`, `failed_open` or `failed_closed`: its one spelling in the decision API's
-    /// JSON, the stats and the Python and Node packages.
-    pub fn as_str(&self) -> &'static str {
-        match self {
-            Self::Decided => "decided",
-            Self::FailedOpen(_) => "failed_open",
-            Self::FailedClosed(_) => "failed_closed",
-        }
-    }
-}
-
-impl std::fmt::Display for Verdict {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-/// One policy's part of a check.
-#[derive(Debug, Clone)]
-pub struct LimitResult {
-    /// The policy.
-    pub policy: Arc<Policy>,
-    /// The store's decision; `None` when the store failed.
-    pub decision: Option<Decision>,
-    /// The key that was checked.
-    pub key: String,
-}
-
-impl LimitResult {
-    /// True when this policy, on its own, denied (a shadow policy's denial included).
-    pub fn denied(&self) -> bool {
-        self.decision
-            .as_ref()
-            .is_some_and(|d| !d.allowed && d.reason != Some(DenyReason::OtherLimitDenied))
-    }
-}
-
-/// A held concurrency lease, to hand back to [`Limiter::release`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Lease {
-    /// The key holding the lease.
-    pub key: String,
-    /// The policy's algorithm (as evaluated, i.e. per shard).
-    pub algorithm: sluice_core::Algorithm,
-    /// The lease id.
-    pub id: LeaseId,
-}
-
-/// The verdict of a check over one or more policies.
-#[derive(Debug, Clone)]
-pub struct Checked {
-    /// Whether to let the request through (shadow denials and fail-open admit).
-    pub allowed: bool,
-    /// How the verdict was reached.
-    pub verdict: Verdict,
-    /// One result per policy, in the order given.
-    pub limits: Vec<LimitResult>,
-    /// Concurrency leases taken (release them when the request ends).
-    pub leases: Vec<Lease>,
-}
-
-impl Checked {
-    /// The results of enforced (non-shadow) policies that denied.
-    pub fn denials(&self) -> impl Iterator<Item = &LimitResult> {
-        self.limits
-            .iter()
-            .filter(|l| !l.policy.shadow && l.denied())
-    }
-
-    /// The longest wait among enforced denials, in ms.
-    pub fn retry_after_ms(&self) -> u64 {
-        self.denials()
-            .filter_map(|l| l.decision.as_ref())
-            .map(|d| d.retry_after_ms)
-            .max()
-            .unwrap_or(0)
-    }
-
-    /// The largest shaping delay among the decisions, in ms.
-    pub fn delay_ms(&self) -> u64 {
-        self.limits
-            .iter()
-            .filter_map(|l| l.decision.as_ref())
-            .map(|d| d.delay_ms)
-            .max()
-            .unwrap_or(0)
-    }
-}
-
-/// Settings of a [`Limiter`].
-#[derive(Debug)]
-pub struct LimiterBuilder {
-    store: Arc<dyn Store>,
-    keys: KeyScheme,
-    timeout: Duration,
-    breaker: BreakerConfig,
-    global_shadow: bool,
-    log_interval: Duration,
-    deny_cache: DenyCacheMode,
-    local_share: LocalShare,
-    control: Option<ControlPlane>,
-    clock: Option<Arc<dyn sluice_core::Clock>>,
-}
-
-impl LimiterBuilder {
-    /// The clock leased-mode slices live by (default: monotonic, from the build); tests that
-    /// drive the store's clock by hand pass the same clock here.
-    pub fn clock(mut self, clock: Arc<dyn sluice_core::Clock>) -> Self {
-        self.clock = Some(clock);
-        self
-    }
-    /// The share of each policy's limit this instance grants on its own while the store is
-    /// unreachable, for policies with [`FailureMode::Local`] (default: the whole limit).
-    pub fn local_share(mut self, share: LocalShare) -> Self {
-        self.local_share = share;
-        self
-    }
-    /// Which denials are remembered locally so repeated requests skip the store until their
-    /// retry time (default [`DenyCacheMode::Auto`]: exact algorithms, remote stores only).
-    pub fn deny_cache(mut self, mode: DenyCacheMode) -> Self {
-        self.deny_cache = mode;
-        self
-    }
-    /// Where overrides, bans and lists live (default: in this process only; see
-    /// [`crate::control`]).
-    pub fn control(mut self, control: ControlPlane) -> Self {
-        self.control = Some(control);
-        self
-    }
-    /// The key scheme (default prefix `rl`).
-    pub fn key_scheme(mut self, keys: KeyScheme) -> Self {
-        self.keys = keys;
-        self
-    }
-    /// The per-call timeout (default 50 ms).
-    pub fn timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-    /// Circuit breaker settings.
-    pub fn breaker(mut self, breaker: BreakerConfig) -> Self {
-        self.breaker = breaker;
-        self
-    }
-    /// Treat every policy as shadow: compute and count, never deny.
-    pub fn global_shadow(mut self, on: bool) -> Self {
-        self.global_shadow = on;
-        self
-    }
-    /// The shortest interval between two log lines about store failures (default 10 s).
-    pub fn failure_log_interval(mut self, every: Duration) -> Self {
-        self.log_interval = every;
-        self
-    }
-    /// Builds the limiter.
-    pub fn build(self) -> Limiter {
-        let deny_mode = self.deny_cache.resolve(self.store.kind());
-        let clock = self
-            .clock
-            .unwrap_or_else(|| Arc::new(leased_ops::MonotonicClock::new()));
-        let leases = LeaseTable::new(
-            Arc::clone(&self.store),
-            clock,
-            self.timeout.as_micros() as u64,
-        );
-        let control = self.control.unwrap_or_else(ControlPlane::local);
-        let reservations = crate::reservation::Book::for_control(&control, self.keys.prefix());
-        Limiter {
-            inner: Arc::new(Inner {
-                leases,
-                reservations,
-                sweeper: std::sync::OnceLock::new(),
-                store: self.store,
-                keys: self.keys,
-                timeout: self.timeout,
-                breaker: CircuitBreaker::new(self.breaker),
-                global_shadow: self.global_shadow,
-                log_interval_ms: self.log_interval.as_millis() as u64,
-                last_log_ms: AtomicU64::new(0),
-                started: Instant::now(),
-                deny_mode,
-                deny_cache: (deny_mode != DenyCacheMode::Off)
-                    .then(|| DenyCache::new(DENY_CACHE_CAPACITY)),
-                local: LocalFallback::new(self.local_share),
-                control,
-                observer: std::sync::OnceLock::new(),
-            }),
-        }
-    }
-}
+pub use builder::LimiterBuilder;
+pub use checked::{Checked, Lease, LimitResult, Verdict};
 
 #[derive(Debug)]
 struct Inner {
@@ -317,22 +114,6 @@ pub struct Limiter {
 }
 
 impl Limiter {
-    /// A limiter on `store` with default settings; see [`LimiterBuilder`].
-    pub fn builder(store: Arc<dyn Store>) -> LimiterBuilder {
-        LimiterBuilder {
-            store,
-            keys: KeyScheme::default(),
-            timeout: Duration::from_millis(50),
-            breaker: BreakerConfig::default(),
-            global_shadow: false,
-            log_interval: Duration::from_secs(10),
-            deny_cache: DenyCacheMode::Auto,
-            local_share: LocalShare::WHOLE,
-            control: None,
-            clock: None,
-        }
-    }
-
     /// A limiter on a fresh embedded store (the `memory` feature).
     #[cfg(feature = "memory")]
     pub fn memory() -> Self {
