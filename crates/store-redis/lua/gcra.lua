@@ -4,6 +4,29 @@
 -- (gcra_state, gcra_value).
 -- Redis commands per decision: GET, then SET PX when admitted with cost > 0 (2 at most).
 
+-- GCRA's state (docs/redis.md, "State encoding"), packed: the byte 'G' and one little-endian
+-- double, the TAT in µs; the text form `g<tat_us>` of earlier versions is still read.
+local GCRA_TAG = 71
+
+-- The TAT (µs) of a stored GCRA value, or nil (another algorithm's state).
+local function gcra_state(v)
+  if #v == 9 then
+    local tag, tat = struct.unpack('<Bd', v)
+    if tag == GCRA_TAG then
+      return tat
+    end
+  end
+  local x = string.match(v, '^g(%d+)$')
+  if x then
+    return tonumber(x)
+  end
+  return nil
+end
+
+local function gcra_value(tat)
+  return struct.pack('<Bd', GCRA_TAG, tat)
+end
+
 -- The TAT (µs) of stored value v at `now`: never before `now` (a TAT in the past, or none,
 -- is the bucket at rest).
 local function gcra_tat(v, now)
