@@ -57,6 +57,10 @@ export declare class Policy {
   static concurrency(name: string, options: ConcurrencyOptions): Policy;
   /** Any algorithm by its registry name (`token-bucket`, `sliding-log`, ...). */
   static create(algorithm: string, name: string, options?: object): Policy;
+  /** Every `[policies.NAME]` of a TOML text (a whole sluice.toml works), in name order; throws `ConfigError`. */
+  static allFromToml(text: string, file?: string): Policy[];
+  /** The one `[policies.NAME]` of a TOML text; throws `ConfigError`. */
+  static fromToml(text: string, file?: string): Policy;
   readonly name: string;
   /** `token-bucket`, `gcra`, `leaky-bucket`, `fixed-window`, `sliding-counter`, `sliding-log` or `concurrency`. */
   readonly algorithm: string;
@@ -90,7 +94,7 @@ export interface CheckOptions {
 }
 
 /** The answer to a check. */
-export interface CheckResult {
+export interface Checked {
   /** Whether to let the request through (shadow denials and fail-open admit). */
   allowed: boolean;
   /** How many more cost-1 requests would be admitted now. */
@@ -114,13 +118,35 @@ export interface CheckResult {
   release?: () => Promise<number>;
 }
 
+/** A sluice.toml that cannot be used: one `FILE:LINE: field: message` line per problem. */
+export declare class ConfigError extends Error {
+  readonly code: 'ConfigError';
+}
+
+/** A sluice.toml checked by the reader `sluice serve` uses. */
+export declare class Config {
+  private constructor();
+  /** Reads and checks a file (relative Envoy files resolve next to it); throws `ConfigError`. */
+  static load(path: string): Config;
+  /** Checks configuration text; `file` names it in errors (default `<inline>`). */
+  static parse(text: string, file?: string): Config;
+  /** The file it was read from (null for `Config.parse`). */
+  readonly path: string | null;
+  /** Every `[policies.NAME]`, by name. */
+  readonly policies: Record<string, Policy>;
+  /** `store.url` with any password hidden. */
+  readonly storeUrl: string;
+}
+
 export declare class Limiter {
   private constructor();
+  /** The limiter a sluice.toml describes (store, hash key, headers, lists, plans, bans). */
+  static fromConfig(config: Config | string): Promise<Limiter>;
   /** Connects to `"memory"` (default), `redis://`, `rediss://` or `redis+cluster://h:p,h:p`. */
   static connect(url?: string, options?: ConnectOptions): Promise<Limiter>;
   /** Never rejects for a store failure: the policy's failure mode decides (`verdict`). */
-  check(policy: Policy, identity: string, options?: CheckOptions): Promise<CheckResult>;
-  check(policy: Policy, options: CheckOptions & { credential: string | Buffer }): Promise<CheckResult>;
+  check(policy: Policy, identity: string, options?: CheckOptions): Promise<Checked>;
+  check(policy: Policy, options: CheckOptions & { credential: string | Buffer }): Promise<Checked>;
   release(policy: Policy, leaseToken: string): Promise<number>;
   /** The identity a credential is limited as: `key:h<hex>`, as the Rust layer and `sluice serve` make it. */
   credentialIdentity(credential: string | Buffer): string;
@@ -144,8 +170,21 @@ export interface RateLimitRule {
   cost?: number;
 }
 
-/** Options of the Express middleware and the Fastify plugin. */
-export interface RateLimitOptions {
+/**
+ * Options of the Express middleware and the Fastify plugin: rules in code, or `config`, a
+ * sluice.toml whose routes are limited as `sluice serve` limits them (then only `limiter`
+ * may be given besides, and defaults to the file's own).
+ */
+export type RateLimitOptions = RuleOptions | ConfigOptions;
+
+export interface ConfigOptions {
+  /** A sluice.toml (a `Config` or its path). */
+  config: Config | string;
+  /** Default: `Limiter.fromConfig(config)`. */
+  limiter?: Limiter | Promise<Limiter>;
+}
+
+export interface RuleOptions {
   limiter: Limiter | Promise<Limiter>;
   rules?: RateLimitRule[];
   /** Shorthand for a rule for `/`. */

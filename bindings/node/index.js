@@ -1,8 +1,8 @@
 // sluice for Node: the Rust limiter as an addon, with a JS surface shaped for Node code.
 //
-// Every decision is made by the Rust crates inside the addon; this file only names the
-// algorithms, checks option names and adds `release()` to results that hold concurrency
-// leases. The middleware lives in lib/express.js and lib/fastify.js. Where the addon comes
+// Every decision is made by the Rust crates inside the addon; this file only makes the
+// core registry's algorithms into constructors, checks option names and adds `release()` to
+// results that hold concurrency leases. The middleware lives in lib/express.js and lib/fastify.js. Where the addon comes
 // from is decided in lib/addon.js (built from source, or the prebuilt platform package).
 'use strict';
 
@@ -11,17 +11,41 @@ const native = require('./lib/addon.js').load();
 const NativePolicy = native.Policy;
 const NativeLimiter = native.Limiter;
 
-/** Options every algorithm takes, and the algorithm's own, by registry name. */
+/** Options every algorithm takes. */
 const COMMON = ['failureMode', 'shadow', 'shards'];
-const ALGORITHMS = {
-  tokenBucket: ['token-bucket', ['capacity', 'rate']],
-  gcra: ['gcra', ['rate', 'burst']],
-  leakyBucket: ['leaky-bucket', ['capacity', 'rate', 'mode']],
-  fixedWindow: ['fixed-window', ['limit', 'window']],
-  slidingCounter: ['sliding-window-counter', ['limit', 'window']],
-  slidingLog: ['sliding-window-log', ['limit', 'window']],
-  concurrency: ['concurrency', ['limit', 'lease']],
-};
+
+/**
+ * The algorithms, asked of the core registry (`algorithms()` in src/config.rs): one
+ * constructor per algorithm, named after its stable name in camel case (`token-bucket` is
+ * `Policy.tokenBucket`), taking the registry's parameters as options.
+ */
+const camel = (name) => name.replace(/-([a-z])/g, (_, c) => c.toUpperCase());
+const ALGORITHMS = Object.fromEntries(native.algorithms().map((a) => [camel(a.name), [a.name, a.params]]));
+
+/**
+ * A sluice.toml that cannot be used: `message` has one `FILE:LINE: field: message` line per
+ * problem, the lines `sluice validate` prints.
+ */
+class ConfigError extends Error {
+  constructor(message) {
+    super(message);
+    this.name = 'ConfigError';
+    this.code = 'ConfigError';
+  }
+}
+
+/** Calls `f`, turning the addon's configuration errors into `ConfigError`s. */
+function readingConfig(f) {
+  try {
+    return f();
+  } catch (e) {
+    const prefix = 'ConfigError: ';
+    if (e && typeof e.message === 'string' && e.message.startsWith(prefix)) {
+      throw new ConfigError(e.message.slice(prefix.length));
+    }
+    throw e;
+  }
+}
 
 function invalidArg(message) {
   const err = new TypeError(message);
@@ -69,6 +93,60 @@ for (const [method, [algorithm]] of Object.entries(ALGORITHMS)) {
   });
 }
 
+Object.defineProperty(NativePolicy, 'allFromToml', {
+  /** Every `[policies.NAME]` of a TOML text (a whole sluice.toml works), by sluice's own reader. */
+  value: (text, file) => readingConfig(() => native.policiesFromToml(text, file)),
+  enumerable: true,
+});
+Object.defineProperty(NativePolicy, 'fromToml', {
+  /** The one `[policies.NAME]` of a TOML text. */
+  value: (text, file) => {
+    const all = NativePolicy.allFromToml(text, file);
+    if (all.length !== 1) {
+      throw new ConfigError(`${file ?? '<inline>'}: the TOML holds ${all.length} policies; Policy.fromToml takes exactly one (Policy.allFromToml reads several)`);
+    }
+    return all[0];
+  },
+  enumerable: true,
+});
+
+/** A checked sluice.toml: `Config.load(path)` or `Config.parse(text, file)`. */
+const NativeConfig = native.Config;
+class Config {
+  /** @param {object} inner the addon's configuration; use `Config.load` or `Config.parse`. */
+  constructor(inner) {
+    if (!(inner instanceof NativeConfig)) throw invalidArg('use Config.load(path) or Config.parse(text)');
+    this.native = inner;
+  }
+
+  /** Reads and checks the file at `path` with sluice's own reader; throws `ConfigError`. */
+  static load(path) {
+    if (typeof path !== 'string') throw invalidArg('Config.load: path must be a string');
+    return new Config(readingConfig(() => NativeConfig.load(path)));
+  }
+
+  /** Checks configuration text; `file` names it in errors (default `<inline>`). */
+  static parse(text, file) {
+    if (typeof text !== 'string') throw invalidArg('Config.parse: text must be a string');
+    return new Config(readingConfig(() => NativeConfig.parse(text, file)));
+  }
+
+  /** The file it was read from (null for `Config.parse`). */
+  get path() {
+    return this.native.path;
+  }
+
+  /** Every `[policies.NAME]`: name -> Policy. */
+  get policies() {
+    return Object.fromEntries(this.native.policyList.map((p) => [p.name, p]));
+  }
+
+  /** `store.url` with any password hidden. */
+  get storeUrl() {
+    return this.native.storeUrl;
+  }
+}
+
 /** Adds `release()` to a check result holding concurrency leases. */
 function withRelease(native, policy, result) {
   const token = result.leaseToken;
@@ -97,7 +175,7 @@ const TEXTS_PER_CHECK = 3;
  * text the first time it is read (most callers of `check` read only `allowed`): one string
  * per check crosses from Rust, not an object of header strings.
  */
-class CheckResult {
+class Checked {
   #rawHeaders;
   #headers;
 
@@ -149,7 +227,7 @@ class InFlight {
         const resolve = this.resolvers.get(id);
         if (resolve === undefined) continue;
         this.resolvers.delete(id);
-        resolve(new CheckResult(numbers, i, texts, j));
+        resolve(new Checked(numbers, i, texts, j));
       }
       if (this.resolvers.size === 0 && this.keepAlive !== null) {
         clearInterval(this.keepAlive);
@@ -267,6 +345,17 @@ class Limiter {
   }
 
   /**
+   * The limiter a sluice.toml describes (a `Config` or a path): its store, timeouts, key
+   * prefix, `identity_hash_key`, `legacy_headers` and the file's lists, plans and ban rules,
+   * built by the code `sluice serve` uses.
+   */
+  static async fromConfig(config) {
+    const c = typeof config === 'string' ? Config.load(config) : config;
+    if (!(c instanceof Config)) throw invalidArg('Limiter.fromConfig: expected a Config or the path of a sluice.toml');
+    return new Limiter(await NativeLimiter.fromConfig(c.native));
+  }
+
+  /**
    * Checks `policy` for `identity` (or `{ credential }`, hashed) at `{ cost }`. Resolves to
    * `{ allowed, remaining, limit, retryAfterMs, resetAfterMs, headers, ... }`; never rejects
    * for a store failure (the policy's failure mode decides and `verdict` says so).
@@ -323,6 +412,8 @@ class Limiter {
 }
 
 module.exports = {
+  Config,
+  ConfigError,
   Limiter,
   Policy: NativePolicy,
   HttpGuard: native.HttpGuard,

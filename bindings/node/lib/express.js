@@ -1,12 +1,15 @@
 // Express middleware: `app.use(rateLimit({ limiter, policies, ... }))`.
 //
-// For each request it hands the method, the full path (`req.originalUrl`, so rules match
+// For each request it hands the method, the full target (`req.originalUrl`, so rules match
 // the same paths wherever the middleware is mounted), the raw headers and the socket peer
-// to the Rust HttpGuard, then passes the request on with the RateLimit headers set, or
-// answers it with the guard's 429 (or fail-closed 503), headers and problem+json body.
+// to the Rust HttpGuard (the decision function of the Rust layer and the proxy), then either
+// answers with the guard's refusal (429, 403 for a deny-listed client, the fail-closed
+// status, 400; its headers and problem+json body) or passes the request on, settling it by
+// its response status before the head is written and setting the RateLimit fields then.
+// `rateLimit({ config: 'sluice.toml' })` limits the file's routes as `sluice serve` does.
 'use strict';
 
-const { guardFactory, releaseOnClose } = require('./guard');
+const { guardFactory, releaseOnClose, settleBeforeHead, setHeaders } = require('./guard');
 
 function rateLimit(options) {
   const guardOf = guardFactory(options);
@@ -23,17 +26,17 @@ function rateLimit(options) {
       return;
     }
     decided.then(([guard, verdict]) => {
-      if (verdict.identity !== undefined) req.sluiceIdentity = verdict.identity;
-      const h = verdict.headers;
+      if (verdict.identity != null) req.sluiceIdentity = verdict.identity;
       if (!verdict.allowed) {
         res.statusCode = verdict.status;
-        for (let i = 0; i < h.length; i += 2) res.setHeader(h[i], h[i + 1]);
+        setHeaders(res, verdict.headers);
         res.end(verdict.body);
-        releaseOnClose(guard, verdict, res);
         return;
       }
-      for (let i = 0; i < h.length; i += 2) res.setHeader(h[i], h[i + 1]);
-      releaseOnClose(guard, verdict, res);
+      if (verdict.ticket != null) {
+        settleBeforeHead(guard, verdict.ticket, res);
+        releaseOnClose(guard, verdict, res);
+      }
       next();
     }, next);
   };

@@ -1,10 +1,11 @@
 // Fastify plugin: `await app.register(sluice, { limiter, policies, ... })`.
 //
 // An `onRequest` hook hands the method, URL, raw headers and socket peer to the Rust
-// HttpGuard; a denial is answered there (429 or the fail-closed status, the guard's headers
-// and problem+json body), otherwise the RateLimit headers are set on the reply. The plugin
-// is not encapsulated (like fastify-plugin does it), so it limits every route of the app it
-// is registered on.
+// HttpGuard (the decision function of the Rust layer and the proxy); a refusal is answered
+// there (429, 403 for a deny-listed client, the fail-closed status, 400; the guard's headers
+// and problem+json body). An admitted request is settled by its status in `onSend`, which
+// sets the RateLimit fields. The plugin is not encapsulated (like fastify-plugin does it),
+// so it limits every route of the app it is registered on.
 'use strict';
 
 const { guardFactory, releaseOnClose } = require('./guard');
@@ -12,19 +13,32 @@ const { guardFactory, releaseOnClose } = require('./guard');
 async function sluicePlugin(fastify, options) {
   const guardOf = guardFactory(options);
   fastify.decorateRequest('sluiceIdentity', null);
+  fastify.decorateRequest('sluiceTicket', null);
   fastify.addHook('onRequest', async (request, reply) => {
     const guard = await guardOf();
     const raw = request.raw;
     const verdict = await guard.decide(raw.method, raw.url, raw.rawHeaders, raw.socket.remoteAddress ?? null);
-    if (verdict.identity !== undefined) request.sluiceIdentity = verdict.identity;
-    releaseOnClose(guard, verdict, reply.raw);
-    const h = verdict.headers;
-    for (let i = 0; i < h.length; i += 2) reply.header(h[i], h[i + 1]);
+    if (verdict.identity != null) request.sluiceIdentity = verdict.identity;
     if (!verdict.allowed) {
+      const h = verdict.headers;
+      for (let i = 0; i < h.length; i += 2) reply.header(h[i], h[i + 1]);
       reply.code(verdict.status);
       // A Buffer, so the content type stays exactly the guard's (no added charset).
       return reply.send(Buffer.from(verdict.body));
     }
+    if (verdict.ticket != null) {
+      request.sluiceTicket = { guard, ticket: verdict.ticket };
+      releaseOnClose(guard, verdict, reply.raw);
+    }
+  });
+  fastify.addHook('onSend', async (request, reply, payload) => {
+    const t = request.sluiceTicket;
+    if (!t) return payload;
+    request.sluiceTicket = null;
+    const finished = await t.guard.finish(t.ticket, reply.statusCode);
+    const h = finished.headers;
+    for (let i = 0; i < h.length; i += 2) reply.header(h[i], h[i + 1]);
+    return payload;
   });
 }
 

@@ -1,11 +1,13 @@
-// The part the Express middleware and the Fastify plugin share: options into an HttpGuard
-// (the Rust layer's rules, identities and answers), and leases released when a response
-// ends. No decision is made here.
+// The part the Express middleware and the Fastify plugin share: options (or a sluice.toml)
+// into an HttpGuard (the Rust layer's decision function), settling an admitted request by
+// its response status, and its ticket released when the response ends. No decision is made
+// here.
 'use strict';
 
-const { Limiter, Policy, HttpGuard } = require('..');
+const { Config, Limiter, Policy, HttpGuard } = require('..');
 
 const OPTION_NAMES = new Set([
+  'config',
   'limiter',
   'rules',
   'policies',
@@ -43,12 +45,38 @@ function rulesOf(options) {
   return rules;
 }
 
+/**
+ * The guard of a sluice.toml (`config`: a Config or a path): the file's routes, limited as
+ * `sluice serve` limits them, on `limiter` or else the file's own limiter.
+ */
+function configGuardFactory(options) {
+  for (const k of Object.keys(options)) {
+    if (k !== 'config' && k !== 'limiter') {
+      throw invalidArg(`sluice middleware: with \`config\`, the routes, identities and headers come from the file (${JSON.stringify(k)} does not apply)`);
+    }
+  }
+  const config = typeof options.config === 'string' ? Config.load(options.config) : options.config;
+  if (!(config instanceof Config)) throw invalidArg('sluice middleware: `config` must be a Config or the path of a sluice.toml');
+  const limiter = options.limiter ?? Limiter.fromConfig(config);
+  const build = (l) => {
+    if (!(l instanceof Limiter)) throw invalidArg('sluice middleware: `limiter` must be a Limiter');
+    return HttpGuard.fromConfig(l.native, config.native);
+  };
+  if (limiter instanceof Limiter) {
+    const guard = build(limiter);
+    return () => guard;
+  }
+  let pending = null;
+  return () => (pending ??= Promise.resolve(limiter).then(build));
+}
+
 /** Builds the guard once the limiter is there (`limiter` may be a Promise of one). */
 function guardFactory(options) {
   if (!options || typeof options !== 'object') throw invalidArg('sluice middleware: options are required');
   for (const k of Object.keys(options)) {
     if (!OPTION_NAMES.has(k)) throw invalidArg(`sluice middleware: unknown option ${JSON.stringify(k)}`);
   }
+  if (options.config !== undefined) return configGuardFactory(options);
   const rules = rulesOf(options);
   const { limiter, rules: _r, policies: _p, ...guardOptions } = options;
   if (!limiter) throw invalidArg('sluice middleware: `limiter` is required (await Limiter.connect(url))');
@@ -68,14 +96,73 @@ function guardFactory(options) {
   return () => (pending ??= Promise.resolve(limiter).then(build));
 }
 
-/** Releases a verdict's leases when the response is over (sent or aborted). */
+/** Sets `[name, value, ...]` on a response. */
+function setHeaders(res, flat) {
+  for (let i = 0; i < flat.length; i += 2) res.setHeader(flat[i], flat[i + 1]);
+}
+
+/**
+ * Settles an admitted request by its status before its head is written: the first
+ * `writeHead`, `write` or `end` waits (queued) for `guard.finish`, whose RateLimit fields are
+ * then set, so a route counting by outcome refunds first and the fields describe the state
+ * after the refund.
+ */
+function settleBeforeHead(guard, ticket, res) {
+  const original = { writeHead: res.writeHead, write: res.write, end: res.end };
+  const queued = [];
+  let state = 'open';
+  const restore = () => {
+    res.writeHead = original.writeHead;
+    res.write = original.write;
+    res.end = original.end;
+  };
+  const settle = () => {
+    state = 'settling';
+    guard.finish(ticket, res.statusCode).then(
+      (finished) => {
+        if (!res.headersSent) setHeaders(res, finished.headers);
+      },
+      () => {
+        // Not settled (the store failed): the request keeps its charge and gets no fields.
+      },
+    ).finally(() => {
+      state = 'done';
+      restore();
+      for (const [fn, args] of queued) fn.apply(res, args);
+    });
+  };
+  res.writeHead = function (statusCode, ...rest) {
+    if (state === 'done') return original.writeHead.call(this, statusCode, ...rest);
+    queued.push([original.writeHead, [statusCode, ...rest]]);
+    if (state === 'open') {
+      res.statusCode = statusCode;
+      settle();
+    }
+    return this;
+  };
+  res.write = function (...args) {
+    if (state === 'done') return original.write.apply(this, args);
+    queued.push([original.write, args]);
+    if (state === 'open') settle();
+    return true;
+  };
+  res.end = function (...args) {
+    if (state === 'done') return original.end.apply(this, args);
+    queued.push([original.end, args]);
+    if (state === 'open') settle();
+    return this;
+  };
+}
+
+/** Ends a verdict's ticket when the response is over (sent or aborted): leases released. */
 function releaseOnClose(guard, verdict, res) {
-  if (!verdict.leaseToken) return;
+  const ticket = verdict.ticket;
+  if (ticket === null || ticket === undefined) return;
   res.once('close', () => {
-    guard.release(verdict.leaseToken).catch(() => {
+    guard.release(ticket).catch(() => {
       // An unreleased lease expires after the policy's lease timeout.
     });
   });
 }
 
-module.exports = { guardFactory, releaseOnClose, invalidArg };
+module.exports = { guardFactory, releaseOnClose, settleBeforeHead, setHeaders, invalidArg };

@@ -15,10 +15,11 @@ use sluice_http::headers::{display_header_name, lead_of, rate_limit_headers};
 
 use crate::number;
 
-/// What `limiter.check` resolves to (before `index.js` adds `release`).
+/// What `limiter.check` resolves to (before `index.js` adds `release`): a [`Checked`] as JS
+/// reads it, named `Checked` in JS as in Rust and Python.
 #[napi(object)]
 #[derive(Debug, Clone)]
-pub struct CheckResult {
+pub struct CheckedJs {
     /// Whether to let the request through (shadow denials and fail-open admit).
     pub allowed: bool,
     /// How many more cost-1 requests would be admitted now.
@@ -59,7 +60,7 @@ fn reason_name(reason: DenyReason) -> String {
     }
 }
 
-impl CheckResult {
+impl CheckedJs {
     /// The result of `checked`, with headers as `opts` says.
     pub(crate) fn of(checked: &Checked, opts: &HeaderOptions) -> Self {
         let lead = lead_of(checked);

@@ -1,33 +1,40 @@
-//! `HttpGuard`: the tower layer's per-request work, for the Express and Fastify middleware.
+//! `HttpGuard`: the request handling of the Express and Fastify middleware, which is the
+//! Rust layer's own.
 //!
-//! The middleware hands over a request's method, path, raw header list and socket peer and
-//! gets back what to do: pass (with the headers to add to the response), or answer with a
-//! status, headers and body. Everything in between is the Rust layer's own code: rules are
-//! matched and ordered by [`sluice_http::Rule`], the identity comes from
-//! [`IdentityResolver`] (hashed API keys and bearer tokens, the client IP through trusted
-//! proxies only, IPv6 grouped by prefix), the check is [`sluice::Limiter::check_many`] and
-//! the answers are [`headers::too_many_requests`], [`headers::store_unavailable`] and
-//! [`headers::rate_limit_headers`]. So an Express app answers exactly like an axum app with
-//! `RateLimitLayer`, and limits the same identities under the same keys.
+//! The middleware hands over a request's method, target, raw header list and socket peer and
+//! gets back what to do: refuse it with a status, headers and body, or let it through with a
+//! ticket that, once the application has answered, is finished with the response status to
+//! learn the headers to add, and released when the response ends. Every step is
+//! [`sluice_config::middleware::Middleware`], that is `sluice-http`'s [`Decider`], the
+//! function the tower layer and the `sluice serve` proxy answer with: the same 400 for a path
+//! with no safe normal form, 403 for a deny-listed client, 429 for a banned one or one over
+//! its limit, the fail-closed status, count-by-outcome refunds, and the same fields and
+//! problem+json bodies. Built from a `sluice.toml` (`HttpGuard.fromConfig`) it limits each
+//! route as the proxy does; built from rules given in code, as a `RateLimitLayer` with those
+//! rules.
+//!
+//! [`Decider`]: sluice_http::Decider
 
-use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
-use http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use http::{HeaderMap, HeaderName, Method, StatusCode};
 use napi::Env;
 use napi::bindgen_prelude::{ClassInstance, Either, PromiseRaw};
 use napi_derive::napi;
-use sluice::{Identity, LeaseToken, Verdict};
-use sluice_http::headers::{self, display_header_name};
+use sluice_config::middleware::{Admitted, Done, Middleware, Pass};
+use sluice_http::headers::display_header_name;
 use sluice_http::{
-    ClientIpConfig, HeaderOptions, IdentityResolver, IdentitySource, Rule, TrustedProxies,
+    ClientIpConfig, HeaderOptions, IdentitySource, RateLimitLayer, RateLimitLayerBuilder,
+    RequestHead, Rule, TrustedProxies,
 };
 
+use crate::config::Config;
 use crate::decision::verdict_name;
 use crate::limiter::{Limiter, hash_key_from_hex};
 use crate::policy::Policy;
-use crate::{invalid, number, store_error, whole};
+use crate::{invalid, number, whole};
 
 /// Options of a guard (the middleware's options, less the rules).
 #[napi(object)]
@@ -62,125 +69,60 @@ pub struct GuardVerdict {
     pub allowed: bool,
     /// False when no rule (or a rule without policies) covers the request.
     pub limited: bool,
-    /// The answer's status on a denial; 200 otherwise.
+    /// The answer's status on a refusal (400, 403, 429 or the fail-closed status); 200
+    /// otherwise.
     pub status: u32,
-    /// On a denial every header of the answer, else those to add: `[name, value, ...]`.
+    /// On a refusal every header of the answer: `[name, value, ...]` (empty when admitted:
+    /// `guard.finish` gives those to add).
     pub headers: Vec<String>,
-    /// The problem+json body of a denial.
+    /// The problem+json body of a refusal.
     pub body: Option<String>,
     /// The identity the request was limited as (`key:h...`, `ip:203.0.113.7`).
     pub identity: Option<String>,
     /// `decided`, `failed_open` or `failed_closed`; `null` when not limited.
     pub verdict: Option<String>,
-    /// Concurrency leases held, for `guard.release` when the response ends.
-    pub lease_token: Option<String>,
+    /// An admitted, limited request's ticket for `guard.finish` and `guard.release`.
+    pub ticket: Option<u32>,
 }
 
-impl GuardVerdict {
-    fn unlimited() -> Self {
-        Self {
-            allowed: true,
-            limited: false,
-            status: 200,
-            headers: Vec::new(),
-            body: None,
-            identity: None,
-            verdict: None,
-            lease_token: None,
-        }
-    }
-}
-
-/// One rule: the Rust layer's matcher plus the policies and cost it applies.
+/// What `guard.finish` gives: the headers to add, and whether leases wait for `release`.
+#[napi(object)]
 #[derive(Debug, Clone)]
-struct GuardRule {
-    matcher: Rule,
-    policies: Vec<Arc<sluice::Policy>>,
-    cost: u64,
+pub struct GuardFinished {
+    /// `[name, value, ...]`: the RateLimit fields of the response.
+    pub headers: Vec<String>,
+    /// Concurrency leases held until `guard.release(ticket)`.
+    pub leases: u32,
 }
 
-#[derive(Debug)]
-struct Shared {
-    limiter: sluice::Limiter,
-    rules: Vec<GuardRule>,
-    resolver: IdentityResolver,
-    headers: HeaderOptions,
-    fail_closed_status: StatusCode,
-}
-
-/// A request as the middleware saw it, owned so it can move to the runtime.
-#[derive(Debug)]
-struct RequestHead {
-    method: Method,
-    path: String,
-    headers: HeaderMap,
-    peer: Option<IpAddr>,
-}
-
-fn flatten<'a>(pairs: impl Iterator<Item = (&'a HeaderName, &'a HeaderValue)>) -> Vec<String> {
-    let mut out = Vec::new();
-    for (n, v) in pairs {
+fn flatten(headers: &HeaderMap) -> Vec<String> {
+    let mut out = Vec::with_capacity(headers.len() * 2);
+    for (n, v) in headers {
         out.push(display_header_name(n.as_str()));
         out.push(String::from_utf8_lossy(v.as_bytes()).into_owned());
     }
     out
 }
 
-impl Shared {
-    /// The layer's `call`, without the inner service.
-    async fn decide(&self, head: RequestHead) -> GuardVerdict {
-        let Some(rule) = self
-            .rules
-            .iter()
-            .find(|r| r.matcher.matches(&head.method, &head.path))
-        else {
-            return GuardVerdict::unlimited();
-        };
-        if rule.policies.is_empty() {
-            return GuardVerdict::unlimited();
-        }
-        let mut req = http::Request::new(());
-        *req.method_mut() = head.method;
-        *req.headers_mut() = head.headers;
-        if let Some(ip) = head.peer {
-            req.extensions_mut().insert(SocketAddr::new(ip, 0));
-        }
-        let (parts, ()) = req.into_parts();
-        let identity = self.resolver.resolve(&parts);
-        let items: Vec<(&Identity, &Arc<sluice::Policy>, u64)> = rule
-            .policies
-            .iter()
-            .map(|p| (&identity, p, rule.cost))
-            .collect();
-        let checked = self.limiter.check_many(&items).await;
-        let mut out = GuardVerdict {
-            allowed: checked.allowed,
-            limited: true,
-            status: 200,
-            headers: Vec::new(),
-            body: None,
-            identity: Some(identity.as_str().to_string()),
-            verdict: Some(verdict_name(&checked.verdict).to_string()),
-            lease_token: LeaseToken::from_checked(&checked).map(|t| t.encode()),
-        };
-        if !checked.allowed {
-            let res = if matches!(checked.verdict, Verdict::FailedClosed(_)) {
-                headers::store_unavailable(&checked, self.fail_closed_status)
-            } else {
-                headers::too_many_requests(&checked, &self.headers)
-            };
-            out.status = u32::from(res.status().as_u16());
-            out.headers = flatten(res.headers().iter());
-            out.body = Some(String::from_utf8_lossy(res.body()).into_owned());
-            return out;
-        }
-        let delay = checked.delay_ms();
-        if delay > 0 {
-            tokio::time::sleep(Duration::from_millis(delay)).await;
-        }
-        let added = headers::rate_limit_headers(&checked, &self.headers);
-        out.headers = flatten(added.iter().map(|(n, v)| (n, v)));
-        out
+/// A request between `decide` and `release`.
+#[derive(Debug)]
+enum Ticket {
+    Admitted(Admitted),
+    Done(Done),
+}
+
+/// The guard's middleware: rules still being added, or built.
+enum State {
+    Building(Option<RateLimitLayerBuilder>),
+    Ready(Arc<Middleware>),
+}
+
+impl std::fmt::Debug for State {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            State::Building(_) => "Building",
+            State::Ready(_) => "Ready",
+        })
     }
 }
 
@@ -188,22 +130,35 @@ impl Shared {
 #[napi]
 #[derive(Debug)]
 pub struct HttpGuard {
-    shared: Arc<Shared>,
+    state: Mutex<State>,
+    tickets: Arc<Mutex<HashMap<u32, Ticket>>>,
+    next_ticket: Arc<AtomicU32>,
 }
 
-/// Parses `[name, value, name, value, ...]` (Node's `rawHeaders`) into a header map;
-/// entries that are not valid HTTP are left out, as a server would refuse them.
-fn header_map(raw: &[String]) -> HeaderMap {
-    let mut map = HeaderMap::with_capacity(raw.len() / 2);
-    for pair in raw.chunks_exact(2) {
-        if let (Ok(n), Ok(v)) = (
-            HeaderName::from_bytes(pair[0].as_bytes()),
-            HeaderValue::from_str(&pair[1]),
-        ) {
-            map.append(n, v);
+impl HttpGuard {
+    fn of(state: State) -> Self {
+        Self {
+            state: Mutex::new(state),
+            tickets: Arc::default(),
+            next_ticket: Arc::new(AtomicU32::new(1)),
         }
     }
-    map
+
+    /// The middleware, built from the rules added so far at the first request.
+    fn middleware(&self) -> Arc<Middleware> {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if let State::Building(builder) = &mut *state {
+            let decider = builder
+                .take()
+                .expect("a guard being built holds its builder")
+                .build_decider();
+            *state = State::Ready(Arc::new(Middleware::single(decider)));
+        }
+        match &*state {
+            State::Ready(m) => Arc::clone(m),
+            State::Building(_) => unreachable!("built above"),
+        }
+    }
 }
 
 #[napi]
@@ -254,31 +209,38 @@ impl HttpGuard {
                     "failClosedStatus must be a 4xx or 5xx status (503 or 429), not {status}"
                 ))
             })?;
-        Ok(Self {
-            shared: Arc::new(Shared {
-                limiter: limiter.limiter.clone(),
-                rules: Vec::new(),
-                resolver: IdentityResolver::new(sources, hash_key, client_ip),
-                headers: HeaderOptions {
-                    ratelimit: o.ratelimit_headers.unwrap_or(true),
-                    legacy: o.legacy_headers.unwrap_or(false),
-                },
-                fail_closed_status,
-            }),
-        })
+        let builder = RateLimitLayer::builder(limiter.limiter.clone())
+            .hash_key(hash_key)
+            .client_ip(client_ip)
+            .headers(HeaderOptions {
+                ratelimit: o.ratelimit_headers.unwrap_or(true),
+                legacy: o.legacy_headers.unwrap_or(false),
+            })
+            .fail_closed_status(fail_closed_status);
+        let builder = sources.into_iter().fold(builder, |b, s| b.identity(s));
+        Ok(Self::of(State::Building(Some(builder))))
+    }
+
+    /// The `[[routes]]` of a checked `sluice.toml`, limited on `limiter` as `sluice serve`'s
+    /// proxy limits them: each route's policies by their own identities, with the file's hash
+    /// key, trusted proxies, headers and `count`.
+    #[napi(factory)]
+    pub fn from_config(limiter: &Limiter, config: &Config) -> Self {
+        let middleware = Middleware::from_config(&config.inner, &limiter.limiter);
+        Self::of(State::Ready(Arc::new(middleware)))
     }
 
     /// Adds a rule: `policies` apply to paths under `prefix` (segment-wise), for `methods`
     /// (all when `null`), each request costing `cost`. No policies exempts the prefix.
     #[napi]
     pub fn add_rule(
-        &mut self,
+        &self,
         prefix: String,
         methods: Option<Vec<String>>,
         policies: Vec<ClassInstance<'_, Policy>>,
         cost: Option<f64>,
     ) -> napi::Result<()> {
-        let mut matcher = Rule::new(prefix);
+        let mut rule = Rule::new(prefix);
         if let Some(methods) = methods {
             let parsed = methods
                 .iter()
@@ -287,82 +249,139 @@ impl HttpGuard {
                         .map_err(|_| invalid(format!("invalid HTTP method {m:?}")))
                 })
                 .collect::<napi::Result<Vec<_>>>()?;
-            matcher = matcher.methods(parsed);
+            rule = rule.methods(parsed);
         }
-        let cost = cost.map(|c| whole(c, "cost")).transpose()?.unwrap_or(1);
-        let shared = Arc::get_mut(&mut self.shared)
-            .ok_or_else(|| invalid("rules can only be added before the guard is in use"))?;
-        shared.rules.push(GuardRule {
-            matcher,
-            policies: policies.iter().map(|p| Arc::clone(&p.inner)).collect(),
-            cost,
-        });
-        shared
-            .rules
-            .sort_by(|a, b| a.matcher.precedence(&b.matcher));
-        Ok(())
+        rule = rule.cost(cost.map(|c| whole(c, "cost")).transpose()?.unwrap_or(1));
+        for p in &policies {
+            rule = rule.policy(Arc::clone(&p.inner));
+        }
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        match &mut *state {
+            State::Building(builder) => {
+                let b = builder.take().expect("a guard being built holds its builder");
+                *builder = Some(b.rule(rule));
+                Ok(())
+            }
+            State::Ready(_) => Err(invalid(
+                "rules can only be added before the guard is in use",
+            )),
+        }
     }
 
-    /// Decides a request; a Promise of a `GuardVerdict`. `rawHeaders` is Node's
-    /// `req.rawHeaders`, `peer` the socket's remote address.
+    /// Decides a request; a Promise of a `GuardVerdict`. `target` is the path as sent (with
+    /// its query), `rawHeaders` Node's `req.rawHeaders`, `peer` the socket's remote address.
     #[napi(ts_return_type = "Promise<GuardVerdict>")]
     pub fn decide<'env>(
         &self,
         env: &'env Env,
         method: String,
-        path: String,
+        target: String,
         raw_headers: Vec<String>,
         peer: Option<String>,
     ) -> napi::Result<PromiseRaw<'env, GuardVerdict>> {
-        let method = Method::from_bytes(method.as_bytes())
-            .map_err(|_| invalid(format!("invalid HTTP method {method:?}")))?;
-        // The path without its query: rules match paths.
-        let path = match path.split_once('?') {
-            Some((p, _)) => p.to_string(),
-            None => path,
-        };
-        let head = RequestHead {
-            method,
-            path,
-            headers: header_map(&raw_headers),
-            peer: peer.and_then(|p| p.parse::<IpAddr>().ok()),
-        };
-        let shared = Arc::clone(&self.shared);
-        env.spawn_future(async move { Ok(shared.decide(head).await) })
+        let pairs = raw_headers
+            .chunks_exact(2)
+            .map(|p| (p[0].as_bytes().to_vec(), p[1].as_bytes().to_vec()));
+        let head = RequestHead::from_raw(&method, &target, pairs, peer.as_deref());
+        let middleware = self.middleware();
+        let tickets = Arc::clone(&self.tickets);
+        let next = Arc::clone(&self.next_ticket);
+        env.spawn_future(async move {
+            let pass = match head {
+                Ok(head) => middleware.decide(head).await,
+                Err(bad) => Pass::Refuse(bad),
+            };
+            Ok(match pass {
+                Pass::Refuse(r) => GuardVerdict {
+                    allowed: false,
+                    limited: true,
+                    status: u32::from(r.status.as_u16()),
+                    headers: flatten(&r.headers),
+                    body: Some(String::from_utf8_lossy(&r.body).into_owned()),
+                    identity: r.identity.map(|i| i.as_str().to_string()),
+                    verdict: r.verdict.as_ref().map(|v| verdict_name(v).to_string()),
+                    ticket: None,
+                },
+                Pass::Admit(a) => {
+                    let limited = a.is_limited();
+                    let identity = a.identity().map(|i| i.as_str().to_string());
+                    let verdict = a.verdict().map(|v| verdict_name(v).to_string());
+                    let ticket = limited.then(|| {
+                        let id = next.fetch_add(1, Ordering::Relaxed);
+                        tickets.lock().unwrap_or_else(PoisonError::into_inner).insert(id, Ticket::Admitted(a));
+                        id
+                    });
+                    GuardVerdict {
+                        allowed: true,
+                        limited,
+                        status: 200,
+                        headers: Vec::new(),
+                        body: None,
+                        identity,
+                        verdict,
+                        ticket,
+                    }
+                }
+            })
+        })
     }
 
-    /// Gives back the leases of a verdict's `leaseToken` (call when the response ends); a
-    /// Promise of how many the store still held.
-    #[napi(ts_return_type = "Promise<number>")]
-    pub fn release<'env>(
+    /// Settles an admitted request by its response `status` (a route counting by outcome
+    /// gives back what it does not count); a Promise of the headers to add. Call it when the
+    /// response starts.
+    #[napi(ts_return_type = "Promise<GuardFinished>")]
+    pub fn finish<'env>(
         &self,
         env: &'env Env,
-        lease_token: String,
-    ) -> napi::Result<PromiseRaw<'env, f64>> {
-        let token = LeaseToken::decode(&lease_token).map_err(|e| invalid(e.to_string()))?;
-        let shared = Arc::clone(&self.shared);
-        let find = |name: &str| {
-            shared
-                .rules
-                .iter()
-                .flat_map(|r| r.policies.iter())
-                .find(|p| p.name == name)
-                .map(|p| &**p)
-        };
-        let leases = token
-            .leases(shared.limiter.key_scheme(), find, None)
-            .map_err(|e| invalid(e.to_string()))?;
-        let limiter = shared.limiter.clone();
-        env.spawn_future(async move {
-            let mut released = 0u64;
-            for lease in &leases {
-                match limiter.release(lease).await {
-                    Ok(true) => released += 1,
-                    Ok(false) => {}
-                    Err(e) => return Err(store_error(format!("lease release failed: {e}"))),
-                }
+        ticket: u32,
+        status: u32,
+    ) -> napi::Result<PromiseRaw<'env, GuardFinished>> {
+        let admitted = match self.tickets.lock().unwrap_or_else(PoisonError::into_inner).remove(&ticket) {
+            Some(Ticket::Admitted(a)) => Some(a),
+            Some(done @ Ticket::Done(_)) => {
+                self.tickets.lock().unwrap_or_else(PoisonError::into_inner).insert(ticket, done);
+                None
             }
-            Ok(number(released))
+            None => None,
+        };
+        let tickets = Arc::clone(&self.tickets);
+        env.spawn_future(async move {
+            let Some(a) = admitted else {
+                return Ok(GuardFinished {
+                    headers: Vec::new(),
+                    leases: 0,
+                });
+            };
+            let done = a.finish(u16::try_from(status).unwrap_or(0)).await;
+            let headers = flatten(&done.headers);
+            let leases: usize = done.leases.iter().map(|g| g.len()).sum();
+            if leases > 0 {
+                tickets.lock().unwrap_or_else(PoisonError::into_inner).insert(ticket, Ticket::Done(done));
+            }
+            Ok(GuardFinished {
+                headers,
+                leases: u32::try_from(leases).unwrap_or(u32::MAX),
+            })
+        })
+    }
+
+    /// Ends a ticket (call when the response is over, sent or aborted): releases its
+    /// concurrency leases, and an admission never finished keeps its charge. A Promise of how
+    /// many leases the store released.
+    #[napi(ts_return_type = "Promise<number>")]
+    pub fn release<'env>(&self, env: &'env Env, ticket: u32) -> napi::Result<PromiseRaw<'env, f64>> {
+        let entry = self.tickets.lock().unwrap_or_else(PoisonError::into_inner).remove(&ticket);
+        env.spawn_future(async move {
+            let released = match entry {
+                Some(Ticket::Done(done)) => done.release().await,
+                // Dropped here, inside the runtime: its leases are released in the background.
+                Some(Ticket::Admitted(a)) => {
+                    drop(a);
+                    0
+                }
+                None => 0,
+            };
+            Ok(number(released as u64))
         })
     }
 }

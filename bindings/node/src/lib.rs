@@ -17,11 +17,14 @@
 //! # Layout
 //! - [`policy`]: `Policy`, built from an algorithm name and options through the core
 //!   registry, so errors read as in `sluice.toml`.
+//! - [`config`]: `Config`, a `sluice.toml` read by `sluice_config` (the server's reader),
+//!   and the core registry's algorithm list.
 //! - [`decision`]: a [`sluice::Checked`] as the numbers and header values JS is given.
 //! - [`limiter`]: `Limiter`: connect by URL, `check`, `release`, credential hashing.
 //! - [`guard`]: `HttpGuard`: the tower layer's per-request work for the middleware.
 #![deny(unsafe_code)]
 
+mod config;
 mod decision;
 mod guard;
 mod limiter;

@@ -17,7 +17,8 @@ use sluice::{Identity, LeaseToken, StoreOptions};
 use sluice_http::HeaderOptions;
 use sluice_http::identity::api_key_identity;
 
-use crate::decision::CheckResult;
+use crate::config::Config;
+use crate::decision::CheckedJs;
 use crate::policy::Policy;
 use crate::{invalid, number, store_error, whole};
 
@@ -77,7 +78,7 @@ pub(crate) fn hash_key_from_hex(text: Option<&str>) -> napi::Result<[u8; 32]> {
 }
 
 /// The identity of a check: `identity` as given, or `credential` hashed; exactly one.
-fn identity_of(
+pub(crate) fn identity_of(
     identity: Option<String>,
     credential: Option<&[u8]>,
     hash_key: &[u8; 32],
@@ -139,7 +140,7 @@ struct Completion {
 }
 
 impl Completion {
-    fn new(id: u32, r: CheckResult) -> Self {
+    fn new(id: u32, r: CheckedJs) -> Self {
         let verdict = match r.verdict.as_str() {
             "decided" => 0.0,
             "failed_open" => 1.0,
@@ -279,16 +280,42 @@ impl Limiter {
         })
     }
 
+    /// The limiter a checked `sluice.toml` describes: its store, timeouts, key prefix,
+    /// `identity_hash_key`, `legacy_headers`, and the file's lists, plans and ban rules, built
+    /// by the code `sluice serve` uses ([`sluice_config::connect_limiter`]); a Promise.
+    #[napi(ts_return_type = "Promise<Limiter>")]
+    pub fn from_config<'env>(
+        env: &'env Env,
+        config: &Config,
+    ) -> napi::Result<PromiseRaw<'env, Limiter>> {
+        let config = Arc::clone(&config.inner);
+        env.spawn_future(async move {
+            let limiter = sluice_config::connect_limiter(&config).await.map_err(|e| {
+                store_error(format!(
+                    "cannot use store {}: {e}",
+                    sluice::url::redact(&config.store.url)
+                ))
+            })?;
+            Ok(Limiter {
+                limiter,
+                hash_key: config.identity_hash_key,
+                headers: config.headers,
+                outbox: None,
+                policies: Arc::default(),
+            })
+        })
+    }
+
     /// Checks `policy` for `identity` (or `{ credential }`) at `{ cost }`; a Promise of the
     /// result. A store failure never rejects: the policy's failure mode decides.
-    #[napi(ts_return_type = "Promise<CheckResult>")]
+    #[napi(ts_return_type = "Promise<Checked>")]
     pub fn check<'env>(
         &self,
         env: &'env Env,
         policy: &Policy,
         identity: Option<String>,
         options: Option<CheckOptions>,
-    ) -> napi::Result<PromiseRaw<'env, CheckResult>> {
+    ) -> napi::Result<PromiseRaw<'env, CheckedJs>> {
         let o = options.unwrap_or_default();
         let cost = o.cost.map(|c| whole(c, "cost")).transpose()?.unwrap_or(1);
         let credential = o.credential.as_ref().map(|c| match c {
@@ -301,7 +328,7 @@ impl Limiter {
         let headers = self.headers;
         env.spawn_future(async move {
             let checked = limiter.check(&identity, &policy, cost).await;
-            Ok(CheckResult::of(&checked, &headers))
+            Ok(CheckedJs::of(&checked, &headers))
         })
     }
 
@@ -353,7 +380,7 @@ impl Limiter {
         let headers = self.headers;
         napi::bindgen_prelude::spawn(async move {
             let checked = limiter.check(&identity, &policy, cost).await;
-            outbox.push(Completion::new(id, CheckResult::of(&checked, &headers)));
+            outbox.push(Completion::new(id, CheckedJs::of(&checked, &headers)));
         });
         Ok(())
     }
@@ -416,7 +443,7 @@ impl Limiter {
             futures::future::join_all(jobs.into_iter().map(
                 |(id, policy, identity, cost)| async move {
                     let checked = limiter.check(&identity, &policy, cost).await;
-                    outbox.push(Completion::new(id, CheckResult::of(&checked, &headers)));
+                    outbox.push(Completion::new(id, CheckedJs::of(&checked, &headers)));
                 },
             ))
             .await;

@@ -308,3 +308,42 @@ test('bad checks in the same turn as good ones fail alone', async () => {
   assert.equal(e.status, 'fulfilled');
   assert.equal((await limiter.check(p, id, { cost: 0 })).remaining, 10 - 3);
 });
+
+test("the constructors are the core registry's algorithms", () => {
+  const names = Object.keys(FIVE).sort();
+  const made = Object.keys(Policy).filter((k) => typeof Policy[k] === 'function' && k in FIVE).sort();
+  assert.deepEqual(made, names);
+  for (const [method, make] of Object.entries(FIVE)) {
+    // The registry's stable name, camel-cased, is the constructor's name.
+    assert.equal(make().algorithm.replace(/-([a-z])/g, (_, c) => c.toUpperCase()), method);
+  }
+});
+
+test("a sluice.toml is read by the server's own reader", async () => {
+  const path = require('node:path');
+  const fs = require('node:fs');
+  const os = require('node:os');
+  const { Config, ConfigError } = require('sluice');
+  const shipped = path.join(__dirname, '..', '..', '..', 'examples', 'sluice.toml');
+  // The text alone, and the file with its Envoy files.
+  const names = Policy.allFromToml(fs.readFileSync(shipped, 'utf8')).map((p) => p.name);
+  assert.deepEqual(names, ['burst', 'daily', 'experimental', 'global-search', 'login', 'per-ip', 'uploads']);
+  const config = Config.load(shipped);
+  assert.deepEqual(Object.keys(config.policies).sort(), names);
+  assert.equal(config.policies.burst.quota, 10);
+  assert.equal(config.storeUrl, 'memory');
+  const limiter = await Limiter.fromConfig(shipped);
+  const admitted = [];
+  for (let i = 0; i < 11; i++) admitted.push((await limiter.check(config.policies.burst, 'someone')).allowed);
+  assert.deepEqual(admitted, [...Array(10).fill(true), false]);
+  // Errors are the lines `sluice validate` prints: FILE:LINE: field: message.
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sluice-config-'));
+  const bad = path.join(dir, 'sluice.toml');
+  fs.writeFileSync(bad, '[store]\nurl = "memory"\n\n[policies.api]\nalgorithm = "token-bucket"\ncapacity = 10\nrate = "fast"\n');
+  assert.throws(() => Config.load(bad), (e) => e instanceof ConfigError && e.code === 'ConfigError' &&
+    e.message.startsWith(`${bad}:7: policies.api.rate: `));
+  await assert.rejects(Limiter.fromConfig(bad), (e) => e instanceof ConfigError);
+  assert.throws(() => Policy.fromToml('[policies.g]\nalgorithm = "gcra"\nrate = "1/s"\ncapacity = 3\n'),
+    (e) => e instanceof ConfigError && /^<inline>:4: policies\.g\.capacity: .*gcra takes no capacity/.test(e.message));
+  fs.rmSync(dir, { recursive: true });
+});

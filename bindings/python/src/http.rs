@@ -1,41 +1,36 @@
-//! `HttpGuard`: the tower layer's per-request work for Python web frameworks.
+//! `HttpGuard`: the request handling of the Python web middleware, which is the Rust
+//! layer's own.
 //!
-//! The ASGI and WSGI middleware and the FastAPI dependency hand it the method, path, header
-//! list and socket peer of a request and get back what to do: pass (with the headers to
-//! add), or answer with a status, headers and body. Everything in between is the Rust
-//! layer's own code: rules are matched with [`sluice_http::Rule`], the identity comes from
-//! [`IdentityResolver`] (hashed API keys and bearer tokens, the client IP through trusted
-//! proxies only, IPv6 grouped by prefix), the check is [`Limiter::check_many`] and the
-//! answers are [`headers::too_many_requests`], [`headers::store_unavailable`] and
-//! [`headers::rate_limit_headers`]. A Python app therefore answers exactly like an axum app
-//! with `RateLimitLayer` and limits the same identities.
+//! The ASGI and WSGI middleware and the FastAPI dependency hand it the method, target, header
+//! list and socket peer of a request and get back what to do: refuse it with a status, headers
+//! and body, or let it through and, once the application has answered, finish it with the
+//! response status to learn the headers to add. Every step is
+//! [`sluice_config::middleware::Middleware`], that is `sluice-http`'s [`Decider`], the
+//! function the tower layer and the `sluice serve` proxy answer with: the same 400 for a path
+//! with no safe normal form, 403 for a deny-listed client, 429 for a banned one or one over
+//! its limit, the fail-closed status, count-by-outcome refunds, and the same fields and
+//! problem+json bodies. Built from a `sluice.toml` ([`HttpGuard::from_config`]) it limits
+//! each route as the proxy does; built from rules given in code, as a `RateLimitLayer` with
+//! those rules.
+//!
+//! [`Decider`]: sluice_http::Decider
 
-use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
 
-use http::{HeaderName, HeaderValue, Method, StatusCode};
+use http::{HeaderMap, HeaderName, Method, StatusCode};
+use parking_lot::Mutex;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
-use sluice::{Identity, Lease, Limiter, Policy, Verdict};
-use sluice_http::headers;
+use sluice::{Policy, Verdict};
+use sluice_config::middleware::{Admitted, Done, Middleware, Pass};
 use sluice_http::{
-    ClientIpConfig, HeaderOptions, IdentityResolver, IdentitySource, Rule, TrustedProxies,
+    ClientIpConfig, HeaderOptions, IdentitySource, RateLimitLayer, RequestHead, Rule,
+    TrustedProxies,
 };
 
-use crate::StoreError;
-use crate::decision::release_all;
-use crate::limiter::{PyLimiter, hash_key_from_hex};
+use crate::limiter::{PyLimiter, config_of, hash_key_from_hex};
 use crate::policy::PyPolicy;
-
-/// One rule: the matcher of the Rust layer plus the policies and cost it applies.
-#[derive(Debug)]
-struct GuardRule {
-    matcher: Rule,
-    policies: Vec<Arc<Policy>>,
-    cost: u64,
-}
 
 /// A rule as Python passes it: `(prefix, methods or None, [Policy, ...], cost)`.
 type RuleArg<'py> = (String, Option<Vec<String>>, Vec<Bound<'py, PyPolicy>>, u64);
@@ -47,20 +42,11 @@ pub(crate) enum TrustedArg {
     Cidrs(Vec<String>),
 }
 
-#[derive(Debug)]
-struct Shared {
-    limiter: Limiter,
-    rules: Vec<GuardRule>,
-    resolver: IdentityResolver,
-    headers: HeaderOptions,
-    fail_closed_status: StatusCode,
-}
-
 /// Rate limiting for HTTP requests, shared by the Python middleware.
 #[pyclass(module = "sluice", frozen)]
 #[derive(Debug)]
 pub struct HttpGuard {
-    shared: Arc<Shared>,
+    middleware: Arc<Middleware>,
 }
 
 /// What the middleware does with a request.
@@ -73,12 +59,12 @@ pub struct HttpVerdict {
     /// False when no rule (or a rule without policies) covers the request.
     #[pyo3(get)]
     limited: bool,
-    /// The answer's status on a denial (429, or the fail-closed status); 200 otherwise.
+    /// The answer's status on a refusal (400, 403, 429 or the fail-closed status); 200
+    /// otherwise.
     #[pyo3(get)]
     status: u16,
-    /// On a denial, every header of the answer; otherwise those to add to the response.
-    #[pyo3(get)]
-    headers: Vec<(String, String)>,
+    /// On a refusal, every header of the answer; once finished, those to add.
+    headers: Arc<Mutex<Vec<(String, String)>>>,
     body: Vec<u8>,
     /// The identity the request was limited as (`key:h...`, `ip:203.0.113.7`, ...).
     #[pyo3(get)]
@@ -86,44 +72,145 @@ pub struct HttpVerdict {
     /// `decided`, `failed_open` or `failed_closed`; `None` when not limited.
     #[pyo3(get)]
     verdict: Option<&'static str>,
-    limiter: Limiter,
-    leases: parking_lot::Mutex<Vec<Lease>>,
+    /// The admission until `finish`.
+    admitted: Mutex<Option<Admitted>>,
+    /// The leases after `finish`, until `release`.
+    done: Arc<Mutex<Option<Done>>>,
+}
+
+fn verdict_name(v: &Verdict) -> &'static str {
+    v.as_str()
+}
+
+fn pairs(headers: &HeaderMap) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .map(|(n, v)| {
+            (
+                n.as_str().to_string(),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect()
+}
+
+impl HttpVerdict {
+    fn of(pass: Pass) -> Self {
+        match pass {
+            Pass::Refuse(r) => Self {
+                allowed: false,
+                limited: true,
+                status: r.status.as_u16(),
+                headers: Arc::new(Mutex::new(pairs(&r.headers))),
+                body: r.body.to_vec(),
+                identity: r.identity.map(|i| i.as_str().to_string()),
+                verdict: r.verdict.as_ref().map(verdict_name),
+                admitted: Mutex::new(None),
+                done: Arc::default(),
+            },
+            Pass::Admit(a) => Self {
+                allowed: true,
+                limited: a.is_limited(),
+                status: 200,
+                headers: Arc::default(),
+                body: Vec::new(),
+                identity: a.identity().map(|i| i.as_str().to_string()),
+                verdict: a.verdict().map(verdict_name),
+                admitted: Mutex::new(Some(a)),
+                done: Arc::default(),
+            },
+        }
+    }
+
+    /// Settles the admission by `status`; keeps its leases in `done` and its headers in
+    /// `headers`, and gives the headers.
+    async fn settle(
+        admitted: Option<Admitted>,
+        status: u16,
+        headers: Arc<Mutex<Vec<(String, String)>>>,
+        done: Arc<Mutex<Option<Done>>>,
+    ) -> Vec<(String, String)> {
+        let Some(a) = admitted else {
+            return headers.lock().clone();
+        };
+        let finished = a.finish(status).await;
+        let added = pairs(&finished.headers);
+        *headers.lock() = added.clone();
+        *done.lock() = Some(finished);
+        added
+    }
+
+    /// What `release` gives back: the leases of the finished request, and an admission never
+    /// finished (the application failed before answering), which keeps its charge.
+    fn take_for_release(&self) -> (Option<Admitted>, Option<Done>) {
+        (self.admitted.lock().take(), self.done.lock().take())
+    }
+}
+
+async fn release(admitted: Option<Admitted>, done: Option<Done>) -> usize {
+    // Dropped inside the runtime, an unfinished admission's leases are released there.
+    drop(admitted);
+    match done {
+        Some(d) => d.release().await,
+        None => 0,
+    }
 }
 
 #[pymethods]
 impl HttpVerdict {
-    /// The problem+json body of a denial (empty when allowed).
+    /// The problem+json body of a refusal (empty when allowed).
     #[getter]
     fn body<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
         PyBytes::new(py, &self.body)
     }
+    /// On a refusal, every header of the answer; once finished, the headers to add to the
+    /// response (empty before).
+    #[getter]
+    fn headers(&self) -> Vec<(String, String)> {
+        self.headers.lock().clone()
+    }
     /// How many concurrency leases the request holds until `release`.
     #[getter]
     fn leases(&self) -> usize {
-        self.leases.lock().len()
+        let admitted = self.admitted.lock().as_ref().map_or(0, Admitted::leases);
+        let done = self
+            .done
+            .lock()
+            .as_ref()
+            .map_or(0, |d| d.leases.iter().map(|g| g.len()).sum());
+        admitted + done
+    }
+    /// Settles an admitted request by its response `status` (a route counting by outcome
+    /// gives back what it does not count) and gives the `(name, value)` headers to add to the
+    /// response (awaitable). Call it when the response starts.
+    fn finish<'py>(&self, py: Python<'py>, status: u16) -> PyResult<Bound<'py, PyAny>> {
+        let admitted = self.admitted.lock().take();
+        let (headers, done) = (Arc::clone(&self.headers), Arc::clone(&self.done));
+        crate::completion::spawn(py, async move {
+            Ok(Self::settle(admitted, status, headers, done).await)
+        })
+    }
+    /// `finish` for WSGI code; the GIL is released meanwhile.
+    fn finish_sync(&self, py: Python<'_>, status: u16) -> Vec<(String, String)> {
+        let admitted = self.admitted.lock().take();
+        let (headers, done) = (Arc::clone(&self.headers), Arc::clone(&self.done));
+        py.detach(|| {
+            pyo3_async_runtimes::tokio::get_runtime()
+                .block_on(Self::settle(admitted, status, headers, done))
+        })
     }
     /// Releases the request's concurrency leases (awaitable); call when the response ends.
     fn release<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let leases = std::mem::take(&mut *self.leases.lock());
-        let limiter = self.limiter.clone();
-        crate::completion::spawn(py, async move {
-            release_all(&limiter, &leases)
-                .await
-                .map_err(StoreError::new_err)
-        })
+        let (admitted, done) = self.take_for_release();
+        crate::completion::spawn(py, async move { Ok(release(admitted, done).await) })
     }
     /// `release` for WSGI code; the GIL is released meanwhile.
-    fn release_sync(&self, py: Python<'_>) -> PyResult<usize> {
-        let leases = std::mem::take(&mut *self.leases.lock());
-        if leases.is_empty() {
-            return Ok(0);
+    fn release_sync(&self, py: Python<'_>) -> usize {
+        let (admitted, done) = self.take_for_release();
+        if admitted.is_none() && done.is_none() {
+            return 0;
         }
-        let limiter = self.limiter.clone();
-        py.detach(|| {
-            pyo3_async_runtimes::tokio::get_runtime()
-                .block_on(release_all(&limiter, &leases))
-                .map_err(StoreError::new_err)
-        })
+        py.detach(|| pyo3_async_runtimes::tokio::get_runtime().block_on(release(admitted, done)))
     }
     fn __repr__(&self) -> String {
         format!(
@@ -133,120 +220,21 @@ impl HttpVerdict {
     }
 }
 
-/// A request as the middleware saw it, owned so it can move to the runtime.
-struct RequestHead {
-    method: Method,
-    path: String,
-    headers: http::HeaderMap,
-    peer: Option<IpAddr>,
-}
-
-impl Shared {
-    fn verdict(&self, allowed: bool, limited: bool) -> HttpVerdict {
-        HttpVerdict {
-            allowed,
-            limited,
-            status: 200,
-            headers: Vec::new(),
-            body: Vec::new(),
-            identity: None,
-            verdict: None,
-            limiter: self.limiter.clone(),
-            leases: parking_lot::Mutex::new(Vec::new()),
-        }
-    }
-
-    /// The layer's `call`, without the inner service.
-    async fn decide(&self, head: RequestHead) -> HttpVerdict {
-        let Some(rule) = self
-            .rules
-            .iter()
-            .find(|r| r.matcher.matches(&head.method, &head.path))
-        else {
-            return self.verdict(true, false);
-        };
-        if rule.policies.is_empty() {
-            return self.verdict(true, false);
-        }
-        let mut req = http::Request::new(());
-        *req.method_mut() = head.method;
-        *req.headers_mut() = head.headers;
-        if let Some(ip) = head.peer {
-            req.extensions_mut().insert(SocketAddr::new(ip, 0));
-        }
-        let (parts, ()) = req.into_parts();
-        let identity = self.resolver.resolve(&parts);
-        let items: Vec<(&Identity, &Arc<Policy>, u64)> = rule
-            .policies
-            .iter()
-            .map(|p| (&identity, p, rule.cost))
-            .collect();
-        let mut checked = self.limiter.check_many(&items).await;
-        let mut out = self.verdict(checked.allowed, true);
-        out.identity = Some(identity.as_str().to_string());
-        out.verdict = Some(match checked.verdict {
-            Verdict::Decided => "decided",
-            Verdict::FailedOpen(_) => "failed_open",
-            Verdict::FailedClosed(_) => "failed_closed",
-        });
-        *out.leases.lock() = std::mem::take(&mut checked.leases);
-        if !checked.allowed {
-            let res = if matches!(checked.verdict, Verdict::FailedClosed(_)) {
-                headers::store_unavailable(&checked, self.fail_closed_status)
-            } else {
-                headers::too_many_requests(&checked, &self.headers)
-            };
-            out.status = res.status().as_u16();
-            out.headers = pairs(res.headers().iter());
-            out.body = res.into_body().to_vec();
-            return out;
-        }
-        let delay = checked.delay_ms();
-        if delay > 0 {
-            tokio::time::sleep(Duration::from_millis(delay)).await;
-        }
-        let added = headers::rate_limit_headers(&checked, &self.headers);
-        out.headers = pairs(added.iter().map(|(n, v)| (n, v)));
-        out
+/// The middleware's answer to a request head, or the 400 for one that cannot be read.
+async fn decide(middleware: Arc<Middleware>, head: Result<RequestHead, sluice_http::Refusal>) -> HttpVerdict {
+    match head {
+        Ok(head) => HttpVerdict::of(middleware.decide(head).await),
+        Err(bad) => HttpVerdict::of(Pass::Refuse(bad)),
     }
 }
 
-fn pairs<'a>(it: impl Iterator<Item = (&'a HeaderName, &'a HeaderValue)>) -> Vec<(String, String)> {
-    it.map(|(n, v)| {
-        (
-            n.as_str().to_string(),
-            String::from_utf8_lossy(v.as_bytes()).into_owned(),
-        )
-    })
-    .collect()
-}
-
-/// Reads the request head from what the middleware passes.
 fn head(
     method: &str,
-    path: &str,
-    raw_headers: Vec<(Vec<u8>, Vec<u8>)>,
+    target: &str,
+    headers: Vec<(Vec<u8>, Vec<u8>)>,
     client: Option<&str>,
-) -> PyResult<RequestHead> {
-    let method = Method::from_bytes(method.as_bytes())
-        .map_err(|_| PyValueError::new_err(format!("invalid HTTP method {method:?}")))?;
-    let mut headers = http::HeaderMap::with_capacity(raw_headers.len());
-    for (n, v) in raw_headers {
-        // A header the http crate cannot represent is one no identity source reads; skip it
-        // rather than refuse the request.
-        if let (Ok(n), Ok(v)) = (HeaderName::from_bytes(&n), HeaderValue::from_bytes(&v)) {
-            headers.append(n, v);
-        }
-    }
-    // A peer that is not an IP address (a Unix socket, a test client) has no address to
-    // limit by: the request falls to `ip:unknown`, as in the Rust layer.
-    let peer = client.and_then(|c| c.trim_matches(['[', ']']).parse::<IpAddr>().ok());
-    Ok(RequestHead {
-        method,
-        path: path.to_string(),
-        headers,
-        peer,
-    })
+) -> Result<RequestHead, sluice_http::Refusal> {
+    RequestHead::from_raw(method, target, headers, client)
 }
 
 #[pymethods]
@@ -272,9 +260,9 @@ impl HttpGuard {
         ratelimit_headers: bool,
         fail_closed_status: u16,
     ) -> PyResult<Self> {
-        let mut guard_rules = Vec::with_capacity(rules.len());
+        let mut builder = RateLimitLayer::builder(limiter.limiter.clone());
         for (prefix, methods, policies, cost) in rules {
-            let mut matcher = Rule::new(prefix);
+            let mut rule = Rule::new(prefix).cost(cost);
             if let Some(methods) = methods {
                 let parsed = methods
                     .iter()
@@ -284,26 +272,20 @@ impl HttpGuard {
                         })
                     })
                     .collect::<PyResult<Vec<_>>>()?;
-                matcher = matcher.methods(parsed);
+                rule = rule.methods(parsed);
             }
-            guard_rules.push(GuardRule {
-                matcher,
-                policies: policies
-                    .iter()
-                    .map(|p| Arc::clone(&p.get().inner))
-                    .collect(),
-                cost,
-            });
+            for p in &policies {
+                rule = rule.policy(Arc::<Policy>::clone(&p.get().inner));
+            }
+            builder = builder.rule(rule);
         }
-        guard_rules.sort_by(|a, b| a.matcher.precedence(&b.matcher));
-        let mut sources = Vec::new();
         if let Some(h) = api_key_header {
             let name = HeaderName::from_bytes(h.to_ascii_lowercase().as_bytes())
                 .map_err(|_| PyValueError::new_err(format!("invalid header name {h:?}")))?;
-            sources.push(IdentitySource::ApiKey(name));
+            builder = builder.identity(IdentitySource::ApiKey(name));
         }
         if bearer {
-            sources.push(IdentitySource::Bearer);
+            builder = builder.identity(IdentitySource::Bearer);
         }
         let trusted = match trusted_proxies {
             None => TrustedProxies::None,
@@ -313,11 +295,6 @@ impl HttpGuard {
                     "trusted_proxies: {e} (expected networks such as \"10.0.0.0/8\" or addresses)"
                 ))
             })?,
-        };
-        let client_ip = ClientIpConfig {
-            trusted,
-            ipv6_prefix: ipv6_prefix.min(128),
-            ipv4_prefix: ipv4_prefix.min(32),
         };
         let hash_key = match hash_key {
             Some(_) => hash_key_from_hex(hash_key)?,
@@ -331,48 +308,64 @@ impl HttpGuard {
                     "fail_closed_status must be a 4xx or 5xx status (503 or 429), not {fail_closed_status}"
                 ))
             })?;
+        let decider = builder
+            .hash_key(hash_key)
+            .client_ip(ClientIpConfig {
+                trusted,
+                ipv6_prefix: ipv6_prefix.min(128),
+                ipv4_prefix: ipv4_prefix.min(32),
+            })
+            .headers(HeaderOptions {
+                ratelimit: ratelimit_headers,
+                legacy: legacy_headers,
+            })
+            .fail_closed_status(fail_closed_status)
+            .build_decider();
         Ok(Self {
-            shared: Arc::new(Shared {
-                limiter: limiter.limiter.clone(),
-                rules: guard_rules,
-                resolver: IdentityResolver::new(sources, hash_key, client_ip),
-                headers: HeaderOptions {
-                    ratelimit: ratelimit_headers,
-                    legacy: legacy_headers,
-                },
-                fail_closed_status,
-            }),
+            middleware: Arc::new(Middleware::single(decider)),
         })
     }
 
-    /// Decides a request (awaitable, giving an `HttpVerdict`). `headers` is the ASGI list
-    /// of `(name, value)` byte pairs; `client` the socket peer's address, if any.
-    #[pyo3(signature = (method, path, headers, client=None))]
+    /// The `[[routes]]` of a `sluice.toml` (a `Config` or a path), limited on `limiter` as
+    /// `sluice serve`'s proxy limits them: each route's policies by their own identities,
+    /// with the file's hash key, trusted proxies, headers and `count`.
+    #[staticmethod]
+    fn from_config(limiter: &PyLimiter, config: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let config = config_of(config)?;
+        Ok(Self {
+            middleware: Arc::new(Middleware::from_config(&config, &limiter.limiter)),
+        })
+    }
+
+    /// Decides a request (awaitable, giving an `HttpVerdict`). `target` is the path as sent
+    /// (not percent-decoded), with its query if any; `headers` the ASGI list of `(name,
+    /// value)` byte pairs; `client` the socket peer's address, if any.
+    #[pyo3(signature = (method, target, headers, client=None))]
     fn decide<'py>(
         &self,
         py: Python<'py>,
         method: &str,
-        path: &str,
+        target: &str,
         headers: Vec<(Vec<u8>, Vec<u8>)>,
         client: Option<&str>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let head = head(method, path, headers, client)?;
-        let shared = Arc::clone(&self.shared);
-        crate::completion::spawn(py, async move { Ok(shared.decide(head).await) })
+        let head = head(method, target, headers, client);
+        let middleware = Arc::clone(&self.middleware);
+        crate::completion::spawn(py, async move { Ok(decide(middleware, head).await) })
     }
 
     /// `decide` for WSGI code; the GIL is released while the store answers.
-    #[pyo3(signature = (method, path, headers, client=None))]
+    #[pyo3(signature = (method, target, headers, client=None))]
     fn decide_sync(
         &self,
         py: Python<'_>,
         method: &str,
-        path: &str,
+        target: &str,
         headers: Vec<(Vec<u8>, Vec<u8>)>,
         client: Option<&str>,
-    ) -> PyResult<HttpVerdict> {
-        let head = head(method, path, headers, client)?;
-        let shared = Arc::clone(&self.shared);
-        Ok(py.detach(|| pyo3_async_runtimes::tokio::get_runtime().block_on(shared.decide(head))))
+    ) -> HttpVerdict {
+        let head = head(method, target, headers, client);
+        let middleware = Arc::clone(&self.middleware);
+        py.detach(|| pyo3_async_runtimes::tokio::get_runtime().block_on(decide(middleware, head)))
     }
 }

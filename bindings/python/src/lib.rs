@@ -16,15 +16,17 @@
 //! - [`completion`]: asyncio futures completed from tokio in batches, without the GIL on
 //!   tokio's side.
 //! - [`policy`]: `Policy`, its per-algorithm constructors and `Policy.from_toml`.
-//! - [`decision`]: `Decision`, and the glue that turns a [`sluice::Checked`] into its numbers
+//! - [`config`]: `Config`, a `sluice.toml` read by `sluice_config` (the server's reader).
+//! - [`checked`]: `Checked`, and the glue that turns a [`sluice::Checked`] into its numbers
 //!   and header values (the only part a Node binding would want to share).
 //! - [`limiter`]: `Limiter`: connect by URL, `check`, `check_sync`, credential hashing.
 //! - [`http`]: `HttpGuard`: rules per path prefix, identities, and the 429 answer, for the
 //!   ASGI/WSGI middleware and the FastAPI dependency.
 #![forbid(unsafe_code)]
 
+mod checked;
 mod completion;
-mod decision;
+mod config;
 mod http;
 mod limiter;
 mod policy;
@@ -41,6 +43,12 @@ create_exception!(
 );
 create_exception!(
     _sluice,
+    ConfigError,
+    PyValueError,
+    "A sluice.toml that cannot be used: one `FILE:LINE: field: message` line per problem."
+);
+create_exception!(
+    _sluice,
     PolicyError,
     PyValueError,
     "A policy that cannot be built: unknown algorithm, missing or out-of-range parameters."
@@ -50,12 +58,14 @@ create_exception!(
 #[pymodule]
 fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<policy::PyPolicy>()?;
-    m.add_class::<decision::PyDecision>()?;
+    m.add_class::<checked::PyChecked>()?;
     m.add_class::<limiter::PyLimiter>()?;
+    m.add_class::<config::PyConfig>()?;
     m.add_class::<http::HttpGuard>()?;
     m.add_class::<http::HttpVerdict>()?;
     m.add("StoreError", m.py().get_type::<StoreError>())?;
     m.add("PolicyError", m.py().get_type::<PolicyError>())?;
+    m.add("ConfigError", m.py().get_type::<ConfigError>())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_function(wrap_pyfunction!(limiter::hash_credential, m)?)?;
     Ok(())

@@ -16,7 +16,8 @@ use sluice_http::HeaderOptions;
 use sluice_http::identity::api_key_identity;
 
 use crate::StoreError;
-use crate::decision::{PyDecision, Summary};
+use crate::checked::{PyChecked, Summary};
+use crate::config::PyConfig;
 use crate::policy::PyPolicy;
 
 /// A secret as Python passes it: text (UTF-8) or bytes.
@@ -130,12 +131,12 @@ struct CheckJob {
 }
 
 impl CheckJob {
-    async fn run(self) -> PyDecision {
+    async fn run(self) -> PyChecked {
         let mut checked = self
             .limiter
             .check(&self.identity, &self.policy, self.cost)
             .await;
-        PyDecision {
+        PyChecked {
             summary: Summary::of(&checked, &self.headers),
             limiter: self.limiter,
             leases: parking_lot::Mutex::new(std::mem::take(&mut checked.leases)),
@@ -178,14 +179,38 @@ impl PyLimiter {
             headers,
         })
     }
+    /// The limiter of a checked configuration ([`sluice_config::connect_limiter`]).
+    async fn from_checked(config: Arc<sluice_config::Config>) -> PyResult<Self> {
+        let limiter = sluice_config::connect_limiter(&config).await.map_err(|e| {
+            StoreError::new_err(format!(
+                "cannot use store {}: {e}",
+                sluice::url::redact(&config.store.url)
+            ))
+        })?;
+        Ok(Self {
+            limiter,
+            hash_key: config.identity_hash_key,
+            headers: config.headers,
+        })
+    }
 }
+
+/// A `Config`, or the path of a `sluice.toml` to load.
+pub(crate) fn config_of(arg: &Bound<'_, PyAny>) -> PyResult<Arc<sluice_config::Config>> {
+    if let Ok(c) = arg.extract::<PyRef<'_, PyConfig>>() {
+        return Ok(Arc::clone(&c.inner));
+    }
+    let path: std::path::PathBuf = arg.extract()?;
+    crate::config::load(path)
+}
+
 
 #[pymethods]
 impl PyLimiter {
     /// Connects to `url` (`"memory"`, `redis://`, `rediss://`, `redis+cluster://`);
     /// awaitable. `timeout_ms` bounds every store call (default 50); `hash_key` (64 hex
     /// digits) must match the other services' `identity_hash_key` for `credential=` checks
-    /// to share limits; `legacy_headers` adds `X-RateLimit-*` to `Decision.headers`.
+    /// to share limits; `legacy_headers` adds `X-RateLimit-*` to `Checked.headers`.
     #[staticmethod]
     #[pyo3(signature = (url=String::from("memory"), *, timeout_ms=50, max_keys=None, max_memory=None, hash_key=None, legacy_headers=false))]
     fn connect<'py>(
@@ -230,9 +255,27 @@ impl PyLimiter {
         })
     }
 
+    /// The limiter a `sluice.toml` describes (a `Config` or a path): its store, timeouts,
+    /// key prefix, `identity_hash_key`, `legacy_headers`, and the file's `[lists]`, `[plans]`
+    /// and ban rules, built by the code `sluice serve` uses; awaitable.
+    #[staticmethod]
+    fn from_config<'py>(py: Python<'py>, config: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let config = config_of(config)?;
+        pyo3_async_runtimes::tokio::future_into_py(py, Self::from_checked(config))
+    }
+
+    /// `from_config` for synchronous code; the GIL is released meanwhile.
+    #[staticmethod]
+    fn from_config_sync(py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let config = config_of(config)?;
+        py.detach(|| {
+            pyo3_async_runtimes::tokio::get_runtime().block_on(Self::from_checked(config))
+        })
+    }
+
     /// Checks `policy` for `identity` (or a hashed `credential`) at `cost`; awaitable,
-    /// giving a `Decision`. Never raises for a store failure: the policy's failure mode
-    /// decides, and `Decision.verdict` says so.
+    /// giving a `Checked`. Never raises for a store failure: the policy's failure mode
+    /// decides, and `Checked.verdict` says so.
     #[pyo3(signature = (policy, identity=None, *, cost=1, credential=None))]
     fn check<'py>(
         &self,
@@ -255,7 +298,7 @@ impl PyLimiter {
         identity: Option<String>,
         cost: u64,
         credential: Option<Secret>,
-    ) -> PyResult<PyDecision> {
+    ) -> PyResult<PyChecked> {
         let job = self.job(policy, identity, cost, credential)?;
         Ok(py.detach(|| pyo3_async_runtimes::tokio::get_runtime().block_on(job.run())))
     }

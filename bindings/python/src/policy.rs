@@ -1,4 +1,5 @@
-//! `Policy`: a named limit, built with one constructor per algorithm or read from TOML.
+//! `Policy`: a named limit, built with one constructor per algorithm or read from a
+//! `sluice.toml` by the configuration crate's own reader.
 //!
 //! Every constructor fills the core registry's [`Params`] and lets
 //! [`AlgorithmKind::build`] and [`Policy::validate`] judge them, so a Python policy is
@@ -13,7 +14,7 @@ use sluice::core::algorithm::{AlgorithmKind, Params};
 use sluice::core::policy::parse_duration_ms;
 use sluice::{FailureMode, LeakyMode, Policy, Rate};
 
-use crate::PolicyError;
+use crate::{ConfigError, PolicyError};
 
 /// A duration as Python code writes it: `"10s"`, `"500ms"`, `"1m"`, or whole seconds.
 #[derive(Debug, FromPyObject)]
@@ -260,24 +261,27 @@ impl PyPolicy {
         build(name, AlgorithmKind::Concurrency, &params, common).map(Self::of)
     }
 
-    /// One policy from TOML: either top-level keys (`name = "burst"`, `algorithm =
-    /// "token-bucket"`, `capacity = 10`, `rate = "5/s"`) or a single `[policies.NAME]`
-    /// table as in `sluice.toml`.
+    /// The one `[policies.NAME]` table of a TOML text, read by the `sluice.toml` reader
+    /// (`sluice_config`), so it takes exactly what `sluice serve` takes.
     #[staticmethod]
-    fn from_toml(text: &str) -> PyResult<Self> {
-        let mut all = parse_toml(text)?;
+    #[pyo3(signature = (text, *, file="<inline>"))]
+    fn from_toml(text: &str, file: &str) -> PyResult<Self> {
+        let mut all = all_from_toml(text, file)?;
         match all.len() {
             1 => Ok(all.remove(0)),
-            n => Err(PolicyError::new_err(format!(
-                "the TOML holds {n} policies; Policy.from_toml takes exactly one (Policy.all_from_toml reads several)"
+            n => Err(ConfigError::new_err(format!(
+                "{file}: the TOML holds {n} policies; Policy.from_toml takes exactly one (Policy.all_from_toml reads several)"
             ))),
         }
     }
 
-    /// Every `[policies.NAME]` table of a TOML text (a `sluice.toml` works), in name order.
+    /// Every `[policies.NAME]` table of a TOML text (a whole `sluice.toml` works), in name
+    /// order, read by the `sluice.toml` reader itself. Errors raise `ConfigError` with one
+    /// `FILE:LINE: field: message` line per problem (`file` names the text in them).
     #[staticmethod]
-    fn all_from_toml(text: &str) -> PyResult<Vec<Self>> {
-        parse_toml(text)
+    #[pyo3(signature = (text, *, file="<inline>"))]
+    fn all_from_toml(text: &str, file: &str) -> PyResult<Vec<Self>> {
+        all_from_toml(text, file)
     }
 
     /// The policy's name (part of key names and header values).
@@ -352,131 +356,17 @@ fn windowed(
     build(name, kind, &params, common).map(PyPolicy::of)
 }
 
-/// The policies of a TOML text: one top-level policy, or the `[policies.NAME]` tables.
-fn parse_toml(text: &str) -> PyResult<Vec<PyPolicy>> {
-    let table: toml::Table = text
-        .parse()
-        .map_err(|e: toml::de::Error| PolicyError::new_err(format!("invalid TOML: {e}")))?;
-    if let Some(policies) = table.get("policies") {
-        let policies = policies
-            .as_table()
-            .ok_or_else(|| PolicyError::new_err("`policies` must be a table of [policies.NAME]"))?;
-        if policies.is_empty() {
-            return Err(PolicyError::new_err(
-                "the TOML has no [policies.NAME] table",
-            ));
-        }
-        return policies
-            .iter()
-            .map(|(name, v)| {
-                let t = v.as_table().ok_or_else(|| {
-                    PolicyError::new_err(format!("policies.{name} must be a table"))
-                })?;
-                from_table(name, t, &format!("policies.{name}."), &["name"])
-            })
-            .collect();
+/// The policies of a configuration text, by [`sluice_config::parse_policies`].
+fn all_from_toml(text: &str, file: &str) -> PyResult<Vec<PyPolicy>> {
+    let policies =
+        sluice_config::parse_policies(text, file).map_err(|e| ConfigError::new_err(e.to_string()))?;
+    if policies.is_empty() {
+        return Err(ConfigError::new_err(format!(
+            "{file}: the TOML has no [policies.NAME] table"
+        )));
     }
-    let name = match table.get("name") {
-        Some(toml::Value::String(s)) => s.clone(),
-        Some(_) => return Err(PolicyError::new_err("`name` must be a string")),
-        None => {
-            return Err(PolicyError::new_err(
-                "the TOML names no policy: give `name = \"...\"` and `algorithm = \"...\"`, or a [policies.NAME] table",
-            ));
-        }
-    };
-    Ok(vec![from_table(&name, &table, "", &[])?])
-}
-
-/// One policy from a TOML table; `field` prefixes key names in messages and `skip` lists
-/// keys that are not the policy's own (the name, when it is a key of the table).
-fn from_table(name: &str, t: &toml::Table, field: &str, skip: &[&str]) -> PyResult<PyPolicy> {
-    let err = |k: &str, what: &str| PolicyError::new_err(format!("{field}{k} {what}"));
-    let string = |k: &str| -> PyResult<Option<&str>> {
-        match t.get(k) {
-            None => Ok(None),
-            Some(toml::Value::String(s)) => Ok(Some(s.as_str())),
-            Some(_) => Err(err(k, "must be a string")),
-        }
-    };
-    let number = |k: &str| -> PyResult<Option<u64>> {
-        match t.get(k) {
-            None => Ok(None),
-            Some(toml::Value::Integer(i)) => u64::try_from(*i)
-                .map(Some)
-                .map_err(|_| err(k, "must not be negative")),
-            Some(_) => Err(err(k, "must be a whole number")),
-        }
-    };
-    let duration = |k: &str| -> PyResult<Option<u64>> {
-        match t.get(k) {
-            None => Ok(None),
-            Some(toml::Value::Integer(i)) => u64::try_from(*i)
-                .ok()
-                .and_then(|s| s.checked_mul(1000))
-                .map(Some)
-                .ok_or_else(|| err(k, "must be a positive number of seconds")),
-            Some(toml::Value::String(s)) => parse_duration_ms(s)
-                .map(Some)
-                .map_err(|e| PolicyError::new_err(format!("{field}{k}: {e}"))),
-            Some(_) => Err(err(k, "must be a duration such as \"10s\"")),
-        }
-    };
-    const KEYS: [&str; 12] = [
-        "algorithm",
-        "capacity",
-        "rate",
-        "burst",
-        "limit",
-        "window",
-        "mode",
-        "lease",
-        "failure_mode",
-        "shadow",
-        "shards",
-        "name",
-    ];
-    for k in t.keys() {
-        if !KEYS.contains(&k.as_str()) || skip.contains(&k.as_str()) {
-            return Err(err(
-                k,
-                &format!(
-                    "is not a policy setting (expected one of {})",
-                    KEYS[..11].join(", ")
-                ),
-            ));
-        }
-    }
-    let kind: AlgorithmKind = string("algorithm")?
-        .ok_or_else(|| err("algorithm", "is missing"))?
-        .parse()
-        .map_err(|e: sluice::core::algorithm::UnknownAlgorithm| {
-            PolicyError::new_err(e.to_string())
-        })?;
-    let params = Params {
-        capacity: number("capacity")?,
-        rate: string("rate")?.map(rate).transpose()?,
-        burst: number("burst")?,
-        limit: number("limit")?,
-        window_ms: duration("window")?,
-        mode: string("mode")?
-            .map(|m| LeakyMode::from_str(m).map_err(|e| PolicyError::new_err(e.to_string())))
-            .transpose()?,
-        lease_ms: duration("lease")?,
-    };
-    let shadow = match t.get("shadow") {
-        None => false,
-        Some(toml::Value::Boolean(b)) => *b,
-        Some(_) => return Err(err("shadow", "must be true or false")),
-    };
-    let shards = match number("shards")? {
-        None => 1,
-        Some(n) => u32::try_from(n).map_err(|_| err("shards", "is too large"))?,
-    };
-    let common = Common {
-        failure_mode: string("failure_mode")?.unwrap_or("open"),
-        shadow,
-        shards,
-    };
-    build(name, kind, &params, common).map(PyPolicy::of)
+    Ok(policies
+        .into_values()
+        .map(|pc| PyPolicy { inner: pc.policy })
+        .collect())
 }

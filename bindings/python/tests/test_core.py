@@ -1,13 +1,16 @@
 """The core API: policies, checks on memory and Redis, admitted counts against arithmetic."""
 
 import asyncio
+import os
 import threading
 import time
 
 import pytest
 
 import sluice
-from sluice import Limiter, Policy, PolicyError
+from sluice import Config, ConfigError, Limiter, Policy, PolicyError
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 
 # Policies whose quota is 10 and which refill or slide so slowly (per hour or day) that a
 # burst of 25 quick checks admits exactly 10: the arithmetic each test checks against.
@@ -49,22 +52,54 @@ def test_bad_policies_are_refused_with_the_registry_words():
         Policy.token_bucket("b", capacity=10)  # rate missing
 
 
-def test_from_toml_reads_both_forms():
-    p = Policy.from_toml('name = "burst"\nalgorithm = "token-bucket"\ncapacity = 10\nrate = "5/s"\n')
-    assert p == Policy.token_bucket("burst", capacity=10, rate="5/s")
+def test_from_toml_is_the_sluice_toml_reader():
     q = Policy.from_toml('[policies.login]\nalgorithm = "sliding-log"\nlimit = 5\nwindow = "15m"\nfailure_mode = "closed"\n')
     assert (q.name, q.algorithm, q.quota, q.window_ms, q.failure_mode) == (
         "login", "sliding-log", 5, 900_000, "closed")
+    p = Policy.from_toml('[policies.burst]\nalgorithm = "token-bucket"\ncapacity = 10\nrate = "5/s"\n')
+    assert p == Policy.token_bucket("burst", capacity=10, rate="5/s")
     many = Policy.all_from_toml('[policies.a]\nalgorithm = "gcra"\nrate = "1/s"\n[policies.b]\nalgorithm = "concurrency"\nlimit = 2\n')
     assert [p.name for p in many] == ["a", "b"]
-    with pytest.raises(PolicyError, match="exactly one"):
+    with pytest.raises(ConfigError, match="exactly one"):
         Policy.from_toml('[policies.a]\nalgorithm = "gcra"\nrate = "1/s"\n[policies.b]\nalgorithm = "gcra"\nrate = "1/s"\n')
-    with pytest.raises(PolicyError, match="gcra takes no capacity"):
-        Policy.from_toml('name = "g"\nalgorithm = "gcra"\nrate = "1/s"\ncapacity = 3\n')
-    with pytest.raises(PolicyError, match="not a policy setting"):
-        Policy.from_toml('name = "g"\nalgorithm = "gcra"\nrate = "1/s"\nburts = 3\n')
-    with pytest.raises(PolicyError, match="invalid TOML"):
+    # Errors are the lines `sluice validate` prints: FILE:LINE: field: message.
+    with pytest.raises(ConfigError) as e:
+        Policy.from_toml('[policies.g]\nalgorithm = "gcra"\nrate = "1/s"\ncapacity = 3\n', file="limits.toml")
+    assert str(e.value).startswith("limits.toml:4: policies.g.capacity: "), str(e.value)
+    assert "gcra takes no capacity" in str(e.value)
+    with pytest.raises(ConfigError) as e:
+        Policy.all_from_toml('[policies.g]\nalgorithm = "gcra"\nrate = "1/s"\nburts = 3\n')
+    assert str(e.value).startswith("<inline>:4: policies.g"), str(e.value)
+    with pytest.raises(ConfigError, match=r"^<inline>:1: "):
         Policy.from_toml("name = ")
+
+
+def test_the_shipped_sluice_toml_loads():
+    # The text alone (the issue's own call), the file with its Envoy files, and a limiter from it.
+    text = open(os.path.join(ROOT, "examples", "sluice.toml")).read()
+    names = [p.name for p in Policy.all_from_toml(text)]
+    assert names == sorted(["burst", "daily", "per-ip", "login", "uploads", "experimental", "global-search"])
+    config = Config.load(os.path.join(ROOT, "examples", "sluice.toml"))
+    assert sorted(config.policies) == names
+    burst = config.policies["burst"]
+    assert (burst.algorithm, burst.quota) == ("token-bucket", 10)
+    assert config.store_url == "memory"
+    limiter = Limiter.from_config_sync(config)
+    assert limiter.store == "memory"
+    assert [limiter.check_sync(burst, "someone").allowed for _ in range(11)] == [True] * 10 + [False]
+    # The same limiter from the path.
+    assert Limiter.from_config_sync(os.path.join(ROOT, "examples", "sluice.toml")).store == "memory"
+
+
+def test_config_errors_name_file_line_and_field(tmp_path):
+    path = tmp_path / "sluice.toml"
+    path.write_text('[store]\nurl = "memory"\n\n[policies.api]\nalgorithm = "token-bucket"\ncapacity = 10\nrate = "fast"\n')
+    with pytest.raises(ConfigError) as e:
+        Config.load(path)
+    assert str(e.value).startswith(f"{path}:7: policies.api.rate: "), str(e.value)
+    with pytest.raises(ConfigError) as e:
+        Limiter.from_config_sync(str(path))
+    assert f"{path}:7: policies.api.rate: " in str(e.value)
 
 
 async def admitted(limiter, policy, identity, n):

@@ -224,3 +224,106 @@ def test_concurrency_leases_are_released_when_the_response_ends(serve):
     with httpx.Client(base_url=base, timeout=5) as c:
         # Sequential requests each take and give back the single lease.
         assert [c.get("/hello").status_code for _ in range(5)] == [200] * 5
+
+
+CONFIG_TOML = """
+identity_hash_key = "5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed"
+
+[store]
+url = "{url}"
+timeout = "2s"
+
+[lists]
+deny = ["hdr:blocked"]
+
+[policies.api]
+algorithm = "token-bucket"
+capacity = 3
+rate = "3/h"
+identity = "header:x-user"
+ban = {{ after = 2, within = "1m", duration = "10m" }}
+
+[policies.per-ip]
+algorithm = "token-bucket"
+capacity = 100
+rate = "100/h"
+identity = "ip"
+
+[policies.logins]
+algorithm = "token-bucket"
+capacity = 2
+rate = "2/h"
+identity = "header:x-user"
+
+[[routes]]
+prefix = "/api"
+policies = ["per-ip", "api"]
+upstream = "http://127.0.0.1:9"
+
+[[routes]]
+prefix = "/login"
+policies = ["logins"]
+count = [401]
+upstream = "http://127.0.0.1:9"
+"""
+
+
+def config_app(framework, path):
+    if framework == "fastapi":
+        app = FastAPI()
+        app.add_middleware(sluice.asgi.RateLimitMiddleware, config=path)
+
+        @app.get("/login")
+        async def login(password: str = ""):
+            from fastapi.responses import JSONResponse
+            return JSONResponse({"ok": password == "right"}, status_code=200 if password == "right" else 401)
+
+        @app.get("/api/items")
+        async def items():
+            return {"ok": True}
+
+        return serve_uvicorn(app)
+    app = Flask(__name__)
+
+    @app.get("/login")
+    def login():
+        ok = flask_request.args.get("password") == "right"
+        return {"ok": ok}, 200 if ok else 401
+
+    @app.get("/api/items")
+    def items():
+        return {"ok": True}
+
+    app.wsgi_app = sluice.wsgi.RateLimitMiddleware(app.wsgi_app, config=path)
+    return serve_wsgi(app)
+
+
+@pytest.mark.parametrize("framework", ["fastapi", "flask"])
+def test_a_sluice_toml_limits_its_routes_as_the_rust_layer_does(framework, redis_server, tmp_path):
+    path = tmp_path / "sluice.toml"
+    path.write_text(CONFIG_TOML.format(url=redis_server.url))
+    base, stop = config_app(framework, str(path))
+    user = f"u{time.monotonic_ns()}"
+    try:
+        with httpx.Client(base_url=base, timeout=5) as c:
+            # A deny-listed client: 403 problem+json, as from the tower layer and the proxy.
+            r = c.get("/api/items", headers={"x-user": "blocked"})
+            assert r.status_code == 403, r.text
+            assert r.headers["content-type"] == "application/problem+json"
+            assert "retry-after" not in r.headers
+            # Three admitted, both policies of the route in the fields (two identities, two
+            # deciders, merged), two denied, then banned for ten minutes.
+            got = [c.get("/api/items", headers={"x-user": f"alice-{user}"}) for _ in range(7)]
+            assert [r.status_code for r in got] == [200, 200, 200, 429, 429, 429, 429]
+            assert '"api";q=3;w=3600' in got[0].headers["ratelimit-policy"]
+            assert '"per-ip";q=100;w=3600' in got[0].headers["ratelimit-policy"]
+            assert got[6].headers["retry-after"] == "600"
+            assert "banned" in got[6].json()["detail"]
+            # Counting only wrong passwords: right ones are given back.
+            login = lambda pw: c.get(f"/login?password={pw}", headers={"x-user": f"carol-{user}"})
+            seq = [login(p) for p in ["right", "right", "right", "wrong", "wrong", "wrong", "right"]]
+            assert [r.status_code for r in seq] == [200, 200, 200, 401, 401, 429, 429]
+            assert seq[2].headers["ratelimit"].startswith('"logins";r=2;')
+            assert seq[3].headers["ratelimit"].startswith('"logins";r=1;')
+    finally:
+        stop()

@@ -22,6 +22,7 @@
 
 pub mod access;
 mod check;
+mod connect;
 pub mod control;
 mod envoy_section;
 pub mod envoy;
@@ -29,6 +30,7 @@ pub mod limits;
 pub mod error;
 mod identity;
 mod layers;
+pub mod middleware;
 pub mod policy;
 mod raw;
 mod routes;
@@ -51,6 +53,7 @@ use sluice_http::{IdentitySource as LayerSource, TrustedProxies};
 use crate::envoy::Domains;
 use crate::limits::{ConnectionLimits, GrpcLimits};
 
+pub use connect::connect_limiter;
 pub use envoy_section::load_domain_yaml;
 pub use error::{ConfigError, ConfigErrors, field_at, line_of};
 pub use access::Access;
@@ -318,6 +321,29 @@ impl Config {
             self.store.key_prefix.clone(),
         )
     }
+}
+
+/// The policies of a configuration text and nothing else: the `[policies.NAME]` tables,
+/// checked as [`Config::parse`] checks them (with the store's default failure mode and the
+/// identity settings they name). Envoy files and `env:` secrets are not read, so the text of
+/// a complete `sluice.toml` gives its policies wherever it is read from. The Python and Node
+/// `Policy.all_from_toml` are this function.
+pub fn parse_policies(
+    src: &str,
+    file: &str,
+) -> Result<BTreeMap<String, PolicyConfig>, ConfigErrors> {
+    let raw: raw::RawConfig = toml::from_str(src).map_err(|e| error::from_toml(src, file, &e))?;
+    let mut ck = error::Checker::new(src, file);
+    ck.skip_env_secrets = true;
+    let store = store::check_store(&mut ck, &raw.store);
+    let jwt = identity::check_jwt(&mut ck, &raw, None);
+    let policies = policy::check_policies(&mut ck, &raw, store.failure_mode, jwt.as_ref());
+    let mut errors = ck.errors;
+    if !errors.is_empty() {
+        errors.sort_by(|a, b| (&a.file, a.line).cmp(&(&b.file, b.line)));
+        return Err(ConfigErrors(errors));
+    }
+    Ok(policies)
 }
 
 /// The text of a configuration file; a file that cannot be read is named in the error.

@@ -14,7 +14,9 @@ dependency), :mod:`sluice.wsgi` (Flask, Django).
 """
 
 from ._sluice import (
-    Decision,
+    Checked,
+    Config,
+    ConfigError,
     HttpGuard,
     HttpVerdict,
     Limiter,
@@ -40,7 +42,9 @@ def _let_runtime_threads_leave_python() -> None:
     _time.sleep(0.05)
 
 __all__ = [
-    "Decision",
+    "Checked",
+    "Config",
+    "ConfigError",
     "HttpGuard",
     "HttpVerdict",
     "Limiter",

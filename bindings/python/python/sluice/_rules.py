@@ -6,9 +6,10 @@ Only configuration lives here: matching, identities, checks and answers happen i
 
 from __future__ import annotations
 
+import os
 from typing import Iterable, List, Optional, Sequence, Union
 
-from ._sluice import HttpGuard, Limiter, Policy
+from ._sluice import Config, HttpGuard, Limiter, Policy
 
 
 class Rule:
@@ -45,10 +46,11 @@ class Rule:
 
 
 def build_guard(
-    limiter: Limiter,
+    limiter: Optional[Limiter] = None,
     rules: Optional[Sequence[Rule]] = None,
     policies: Optional[Sequence[Policy]] = None,
     *,
+    config: Union[None, Config, str, "os.PathLike[str]"] = None,
     api_key_header: Optional[str] = None,
     bearer: bool = False,
     trusted_proxies: Union[None, int, Sequence[str]] = None,
@@ -59,7 +61,23 @@ def build_guard(
     ratelimit_headers: bool = True,
     fail_closed_status: int = 503,
 ) -> HttpGuard:
-    """An :class:`HttpGuard` for ``rules``; ``policies`` is a shortcut for a rule on ``/``."""
+    """An :class:`HttpGuard` for ``rules``; ``policies`` is a shortcut for a rule on ``/``.
+
+    With ``config`` (a :class:`sluice.Config` or the path of a ``sluice.toml``) the guard
+    limits the file's ``[[routes]]`` as ``sluice serve``'s proxy does, each policy by its own
+    ``identity``, with the file's hash key, trusted proxies, headers and ``count``; the
+    limiter is then the file's own (:meth:`sluice.Limiter.from_config_sync`) unless one is
+    given, and the identity options do not apply."""
+    if config is not None:
+        if rules or policies:
+            raise ValueError("give either config (the routes of a sluice.toml) or rules/policies, not both")
+        if not isinstance(config, Config):
+            config = Config.load(config)
+        if limiter is None:
+            limiter = Limiter.from_config_sync(config)
+        if not isinstance(limiter, Limiter):
+            raise TypeError(f"expected a sluice.Limiter, got {type(limiter).__name__}")
+        return HttpGuard.from_config(limiter, config)
     if not isinstance(limiter, Limiter):
         raise TypeError(f"expected a sluice.Limiter, got {type(limiter).__name__}")
     all_rules: List[Rule] = list(rules or [])

@@ -8,12 +8,18 @@
         trusted_proxies=["10.0.0.0/8"],
     )
 
-Each HTTP request is decided in Rust (:class:`sluice.HttpGuard`) without blocking the event
-loop. A denial is answered here: 429 with ``Retry-After``, the ``RateLimit`` fields,
-``Cache-Control: no-store`` and a problem+json body, or the fail-closed status (503 by
-default) when the store is down and a policy fails closed. An admitted response gets the
-``RateLimit`` fields; concurrency leases are released when the response has been sent (or
-the app raised). The identity is put in ``scope["state"]["sluice_identity"]``
+or, for the routes of a ``sluice.toml`` exactly as ``sluice serve`` limits them::
+
+    app.add_middleware(sluice.asgi.RateLimitMiddleware, config="sluice.toml")
+
+Each HTTP request is decided in Rust (:class:`sluice.HttpGuard`, the decision function of
+the Rust layer and the proxy) without blocking the event loop. A refusal is answered here:
+429 with ``Retry-After``, the ``RateLimit`` fields, ``Cache-Control: no-store`` and a
+problem+json body; 403 for a deny-listed client; the fail-closed status (503 by default) when
+the store is down and a policy fails closed; 400 for a path with no safe normal form. An
+admitted response is settled by its status when it starts (a route counting by outcome
+refunds what it does not count) and gets the ``RateLimit`` fields; concurrency leases are
+released when the response has been sent (or the app raised). The identity is put in ``scope["state"]["sluice_identity"]``
 (``request.state.sluice_identity`` in Starlette).
 """
 
@@ -30,21 +36,25 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-def request_path(scope: Scope) -> str:
-    """The path as sent (percent-encoded, as the Rust layer matches it), else the decoded one."""
+def request_target(scope: Scope) -> str:
+    """The target as sent (the path percent-encoded, as the Rust layer reads it, and the
+    query), else the decoded path."""
     raw = scope.get("raw_path")
-    if raw:
-        path = raw.decode("latin-1")
-        q = path.find("?")
-        return path if q < 0 else path[:q]
-    return scope.get("root_path", "") + scope["path"]
+    path = raw.decode("latin-1") if raw else scope.get("root_path", "") + scope["path"]
+    query = scope.get("query_string")
+    return f"{path}?{query.decode('latin-1')}" if query else path
+
+
+def _encoded(headers) -> list:
+    return [(n.encode("latin-1"), v.encode("latin-1")) for n, v in headers]
 
 
 class RateLimitMiddleware:
     """Rate limits HTTP requests of an ASGI app; see the module docs for the options
-    (those of :func:`sluice._rules.build_guard`)."""
+    (those of :func:`sluice._rules.build_guard`). ``config="sluice.toml"`` limits the file's
+    routes as ``sluice serve`` does."""
 
-    def __init__(self, app: ASGIApp, limiter, rules=None, policies=None, **options: Any) -> None:
+    def __init__(self, app: ASGIApp, limiter=None, rules=None, policies=None, **options: Any) -> None:
         self.app = app
         self.guard = build_guard(limiter, rules, policies, **options)
 
@@ -54,39 +64,44 @@ class RateLimitMiddleware:
             return
         client = scope.get("client")
         verdict = await self.guard.decide(
-            scope["method"], request_path(scope), scope["headers"], client[0] if client else None
+            scope["method"], request_target(scope), scope["headers"], client[0] if client else None
         )
+        if not verdict.allowed:
+            if verdict.identity is not None:
+                scope.setdefault("state", {})["sluice_identity"] = verdict.identity
+            await send_denial(send, verdict)
+            return
         if not verdict.limited:
             await self.app(scope, receive, send)
             return
         scope.setdefault("state", {})["sluice_identity"] = verdict.identity
-        if not verdict.allowed:
-            await send_denial(send, verdict)
-            return
-        extra = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in verdict.headers]
-        holds_leases = verdict.leases > 0
 
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start" and extra:
-                message = dict(message)
-                message["headers"] = list(message.get("headers", ())) + extra
-            elif holds_leases and message["type"] == "http.response.body" and not message.get("more_body"):
+        async def send_finishing(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                # Settled by the status (a route counting by outcome refunds here), so the
+                # fields describe the state after the refund.
+                added = await verdict.finish(message["status"])
+                if added:
+                    message = dict(message)
+                    message["headers"] = list(message.get("headers", ())) + _encoded(added)
+            elif message["type"] == "http.response.body" and not message.get("more_body") and verdict.leases:
                 # Released before the last byte goes out, so a client that sends its next
                 # request on seeing the response complete finds the lease free.
                 await verdict.release()
             await send(message)
 
         try:
-            await self.app(scope, receive, send_with_headers if extra or holds_leases else send)
+            await self.app(scope, receive, send_finishing)
         finally:
-            if holds_leases:
-                await verdict.release()
+            # Leases still held, or an admission never finished (the app raised): it keeps
+            # its charge.
+            await verdict.release()
 
 
 async def send_denial(send: Send, verdict) -> None:
-    """Sends the denial the Rust layer would send: status, headers and body as given."""
+    """Sends the refusal the Rust layer would send: status, headers and body as given."""
     body = verdict.body
-    headers = [(n.encode("latin-1"), v.encode("latin-1")) for n, v in verdict.headers]
+    headers = _encoded(verdict.headers)
     headers.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": verdict.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

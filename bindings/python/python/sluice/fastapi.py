@@ -52,13 +52,15 @@ def rate_limit(limiter, *policies, cost: int = 1, **options: Any):
 
     async def dependency(request: Request, response: Response):
         client = request.client
+        target = request.scope.get("raw_path") or request.url.path.encode("latin-1")
         verdict = await guard.decide(
-            request.method, request.url.path, request.headers.raw, client.host if client else None
+            request.method, target.decode("latin-1"), request.headers.raw, client.host if client else None
         )
         request.state.sluice_identity = verdict.identity
         if not verdict.allowed:
             raise RateLimitExceeded(verdict)
-        for name, value in verdict.headers:
+        # The rule counts every request, so its status does not matter to the settling.
+        for name, value in await verdict.finish(200):
             response.headers[name] = value
         try:
             yield verdict

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from http import HTTPStatus
 from typing import Any, Callable, Iterable, List, Tuple
+from urllib.parse import quote
 
 from ._rules import build_guard
 
@@ -69,35 +70,54 @@ class _Releasing:
             self._verdict.release_sync()
 
 
-class RateLimitMiddleware:
-    """Rate limits requests of a WSGI app; options as :class:`sluice.asgi.RateLimitMiddleware`."""
+def request_target(environ) -> str:
+    """The target as sent when the server gives it (``RAW_URI``, ``REQUEST_URI``), else the
+    path re-encoded with the query."""
+    raw = environ.get("RAW_URI") or environ.get("REQUEST_URI")
+    if raw and raw.startswith("/"):
+        return raw
+    path = quote(environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", ""), safe="/;=,:@!$&'()*+~") or "/"
+    query = environ.get("QUERY_STRING")
+    return f"{path}?{query}" if query else path
 
-    def __init__(self, app: Callable, limiter, rules=None, policies=None, **options: Any) -> None:
+
+class RateLimitMiddleware:
+    """Rate limits requests of a WSGI app; options as :class:`sluice.asgi.RateLimitMiddleware`
+    (``config="sluice.toml"`` limits the file's routes as ``sluice serve`` does)."""
+
+    def __init__(self, app: Callable, limiter=None, rules=None, policies=None, **options: Any) -> None:
         self.app = app
         self.guard = build_guard(limiter, rules, policies, **options)
 
     def __call__(self, environ, start_response):
-        path = environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")
         verdict = self.guard.decide_sync(
             environ.get("REQUEST_METHOD", "GET"),
-            path or "/",
+            request_target(environ),
             environ_headers(environ),
             environ.get("REMOTE_ADDR"),
         )
-        if not verdict.limited:
-            return self.app(environ, start_response)
-        environ["sluice.identity"] = verdict.identity
         if not verdict.allowed:
+            environ["sluice.identity"] = verdict.identity
             body = verdict.body
             headers = list(verdict.headers) + [("Content-Length", str(len(body)))]
             start_response(status_line(verdict.status), headers)
             return [body]
-        extra = verdict.headers
+        if not verdict.limited:
+            return self.app(environ, start_response)
+        environ["sluice.identity"] = verdict.identity
 
-        def start_with_headers(status, headers, exc_info=None):
-            return start_response(status, list(headers) + extra, exc_info)
+        def start_finishing(status, headers, exc_info=None):
+            # Settled by the status (a route counting by outcome refunds here).
+            try:
+                code = int(str(status).split(" ", 1)[0])
+            except ValueError:
+                code = 0
+            added = verdict.finish_sync(code)
+            return start_response(status, list(headers) + added, exc_info)
 
-        result = self.app(environ, start_with_headers if extra else start_response)
-        if verdict.leases:
-            return _Releasing(result, verdict)
-        return result
+        try:
+            result = self.app(environ, start_finishing)
+        except BaseException:
+            verdict.release_sync()
+            raise
+        return _Releasing(result, verdict)

@@ -1,4 +1,5 @@
-//! `Decision`: a check's verdict as numbers and header values.
+//! `Checked`: a check's result as numbers and header values (the name of Rust's
+//! [`sluice::Checked`] and of the Node package's result).
 //!
 //! This is the glue a second binding (Node) would share: [`Summary::of`] reads a
 //! [`Checked`] the way `sluice serve`'s decision API does (the leading decision of
@@ -108,9 +109,9 @@ pub(crate) async fn release_all(limiter: &Limiter, leases: &[Lease]) -> Result<u
 }
 
 /// The answer to `Limiter.check`.
-#[pyclass(name = "Decision", module = "sluice", frozen)]
+#[pyclass(name = "Checked", module = "sluice", frozen)]
 #[derive(Debug)]
-pub struct PyDecision {
+pub struct PyChecked {
     pub(crate) summary: Summary,
     pub(crate) limiter: Limiter,
     /// Concurrency leases taken by the check; taken out by `release`.
@@ -118,7 +119,7 @@ pub struct PyDecision {
 }
 
 #[pymethods]
-impl PyDecision {
+impl PyChecked {
     /// Whether to let the request through (shadow denials and fail-open admit).
     #[getter]
     fn allowed(&self) -> bool {
@@ -205,7 +206,7 @@ impl PyDecision {
     fn __repr__(&self) -> String {
         let s = &self.summary;
         format!(
-            "Decision(allowed={}, limit={}, remaining={}, retry_after_ms={}, reset_after_ms={}, verdict={:?})",
+            "Checked(allowed={}, limit={}, remaining={}, retry_after_ms={}, reset_after_ms={}, verdict={:?})",
             if s.allowed { "True" } else { "False" },
             s.limit,
             s.remaining,
