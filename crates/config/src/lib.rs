@@ -95,6 +95,9 @@ pub struct Route {
     pub count: sluice_http::Count,
     /// Match the prefix without regard to ASCII case (for upstreams that route that way).
     pub case_insensitive: bool,
+    /// A reservation of each request's maximum cost, settled from the response's usage
+    /// (`[routes.reserve]`, an LLM gateway's token budget).
+    pub reserve: Option<sluice_http::settle::ReserveSpec>,
 }
 
 /// The listeners.

@@ -119,6 +119,7 @@ pub(super) struct RawRoute {
     pub count: Option<Spanned<super::routes::RawCount>>,
     #[serde(default)]
     pub case_insensitive: bool,
+    pub reserve: Option<Spanned<super::routes::RawReserve>>,
 }
 
 #[derive(Debug, Default, Deserialize)]

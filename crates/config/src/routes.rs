@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 use sluice_http::{Count, TrustedProxies};
+use toml::Spanned;
 
 use super::check::duration;
 use super::error::Checker;
@@ -33,6 +34,122 @@ fn check_count(raw: &RawCount) -> Result<Count, String> {
             Count::statuses(statuses)
         }
     }
+}
+
+/// `[routes.reserve]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawReserve {
+    pub policy: Spanned<String>,
+    pub json_field: Option<Spanned<String>>,
+    pub header: Option<Spanned<String>>,
+    pub default: Option<Spanned<i64>>,
+    pub usage: Option<Spanned<String>>,
+    pub ttl: Option<Spanned<super::raw::RawDuration>>,
+}
+
+/// A route's reservation: an existing policy that is not a concurrency limit, the maximum
+/// from exactly one of a JSON field or a header, a ttl within the reservation bounds.
+fn check_reserve(
+    ck: &mut Checker<'_>,
+    raw: &RawConfig,
+    r: &Spanned<RawReserve>,
+    field: &str,
+) -> Option<sluice_http::settle::ReserveSpec> {
+    use sluice::reservation::{MAX_TTL, MIN_TTL};
+    use sluice_http::settle::{MaxCostFrom, ReserveSpec};
+    let rr = r.get_ref();
+    let mut ok = true;
+    let policy = rr.policy.get_ref();
+    match raw.policies.iter().find(|(k, _)| k.get_ref() == policy) {
+        None => {
+            ck.at(
+                rr.policy.span(),
+                format!("{field}.policy"),
+                format!("unknown policy {policy:?}"),
+            );
+            ok = false;
+        }
+        Some((_, p)) if p.get_ref().algorithm.get_ref() == "concurrency" => {
+            ck.at(
+                rr.policy.span(),
+                format!("{field}.policy"),
+                format!("policy {policy:?} is a concurrency limit: it holds leases, not costs, so it cannot be reserved from"),
+            );
+            ok = false;
+        }
+        Some(_) => {}
+    }
+    let from = match (&rr.json_field, &rr.header) {
+        (Some(f), None) if !f.get_ref().is_empty() => {
+            Some(MaxCostFrom::JsonField(f.get_ref().clone()))
+        }
+        (None, Some(h)) => match http::HeaderName::from_bytes(h.get_ref().as_bytes()) {
+            Ok(name) => Some(MaxCostFrom::Header(name)),
+            Err(_) => {
+                ck.at(
+                    h.span(),
+                    format!("{field}.header"),
+                    format!("invalid header name {:?}", h.get_ref()),
+                );
+                None
+            }
+        },
+        (Some(f), None) => {
+            ck.at(f.span(), format!("{field}.json_field"), "must not be empty");
+            None
+        }
+        _ => {
+            ck.at(
+                r.span(),
+                field.to_string(),
+                "give exactly one of json_field (e.g. \"max_tokens\") or header, where a request declares its maximum cost",
+            );
+            None
+        }
+    };
+    let default_max = match &rr.default {
+        None => None,
+        Some(d) => match u64::try_from(*d.get_ref()) {
+            Ok(v) if v <= sluice::core::policy::MAX_EXACT => Some(v),
+            _ => {
+                ck.at(
+                    d.span(),
+                    format!("{field}.default"),
+                    "must be a whole number from 0 to 2^53",
+                );
+                ok = false;
+                None
+            }
+        },
+    };
+    let ttl = ck.duration(&rr.ttl, &format!("{field}.ttl"), Duration::from_secs(300));
+    if let Some(t) = &rr.ttl
+        && !(MIN_TTL..=MAX_TTL).contains(&ttl)
+    {
+        ck.at(
+            t.span(),
+            format!("{field}.ttl"),
+            format!(
+                "must be between {} ms and {} s",
+                MIN_TTL.as_millis(),
+                MAX_TTL.as_secs()
+            ),
+        );
+        ok = false;
+    }
+    let usage_field = rr
+        .usage
+        .as_ref()
+        .map_or("total_tokens".to_string(), |u| u.get_ref().clone());
+    Some(ReserveSpec {
+        policy: policy.clone(),
+        from: from?,
+        default_max,
+        usage_field,
+        ttl,
+    })
+    .filter(|_| ok)
 }
 
 /// Checks every `[[routes]]`; a route's policies must exist. Sorted longest prefix first.
@@ -138,6 +255,11 @@ pub(super) fn check_routes(ck: &mut Checker<'_>, raw: &RawConfig) -> Vec<Route> 
                 Count::All
             }),
         };
+        let reserve = rr
+            .reserve
+            .as_ref()
+            .and_then(|r| check_reserve(ck, raw, r, &format!("{field}.reserve")));
+        ok &= rr.reserve.is_none() || reserve.is_some();
         if let (true, Some(upstream)) = (ok, upstream) {
             routes.push(Route {
                 prefix: rr.prefix.get_ref().clone(),
@@ -146,6 +268,7 @@ pub(super) fn check_routes(ck: &mut Checker<'_>, raw: &RawConfig) -> Vec<Route> 
                 upstream,
                 count,
                 case_insensitive: rr.case_insensitive,
+                reserve,
             });
         }
     }

@@ -22,12 +22,16 @@
 //! - [`body`]: [`LeaseGuard`] and [`RateLimitBody`], which hold concurrency leases until the
 //!   response ends.
 //! - [`stats`]: [`RateLimitStats`], the counts of what was decided.
+//! - [`settle`]: [`settle::ReserveLayer`], a route's reservation of a request's maximum cost,
+//!   settled from the `usage` its response reports (JSON or event stream).
 //!
 //! See `docs/http.md` for adding it to an axum app, every header it sends and why, and how
 //! to configure trusted proxies.
 #![forbid(unsafe_code)]
 
 pub mod body;
+// Reservations settled from the response's usage (`[routes.reserve]`).
+pub mod settle;
 pub mod count;
 pub mod decide;
 pub mod headers;

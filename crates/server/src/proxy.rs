@@ -108,6 +108,30 @@ fn build_table(rt: &Runtime, client: HttpClient) -> Table {
                 let upstream = upstream.clone();
                 async move { Ok::<_, Infallible>(forward(&client, &upstream, timeout, req).await) }
             }));
+        // A reservation (`[routes.reserve]`) is innermost: only a request every policy of the
+        // route admitted reserves its maximum.
+        if let Some(spec) = &route.reserve
+            && let Some(pc) = config.policies.get(&spec.policy)
+        {
+            let identities = sluice_http::IdentityResolver::new(
+                pc.layer_identity.clone().into_iter().collect(),
+                config.identity_hash_key,
+                sluice_http::ClientIpConfig {
+                    trusted: config.proxy.trusted_proxies.clone(),
+                    ..Default::default()
+                },
+            );
+            let policy = Arc::clone(&pc.policy);
+            let limiter = rt.limiter.clone();
+            let layer = sluice_http::settle::ReserveLayer::new(
+                limiter,
+                policy,
+                spec.clone(),
+                identities,
+                config.headers,
+            );
+            service = BoxCloneSyncService::new(layer.layer(service));
+        }
         // The first layer listed is the outermost, so it is applied last.
         for layer in sluice_config::route_layers(config, route, &rt.limiter)
             .into_iter()

@@ -39,7 +39,7 @@ pub fn classify(method: &Method, path: &str) -> Class {
     match path {
         "/healthz" | "/readyz" | "/openapi.json" | "/ui" => Class::Open,
         p if p.starts_with("/ui/") => Class::Open,
-        "/v1/check" | "/v1/release" => Class::Decision,
+        "/v1/check" | "/v1/release" | "/v1/reserve" | "/v1/settle" => Class::Decision,
         "/v1/state" if method != Method::DELETE => Class::Decision,
         "/metrics" => Class::Metrics,
         "/v1/state" | "/v1/charge" | "/v1/refund" | "/v1/overrides" | "/v1/bans" | "/v1/stats" => {
@@ -101,6 +101,8 @@ fn endpoint_name(method: &Method, path: &str) -> &'static str {
     match path {
         "/v1/check" => "check",
         "/v1/release" => "release",
+        "/v1/reserve" => "reserve",
+        "/v1/settle" => "settle",
         "/v1/state" if method == Method::DELETE => "reset",
         "/v1/state" => "state",
         "/v1/charge" => "charge",

@@ -171,7 +171,7 @@ fn reason_name(d: &Decision) -> Value {
 
 /// The JSON answer to a check. Every number is the whole policy's (see
 /// [`sluice_http::headers::Shown`]), so the JSON and the headers tell one story.
-fn check_answer(checked: &Checked, opts: &HeaderOptions) -> Value {
+pub(super) fn check_answer(checked: &Checked, opts: &HeaderOptions) -> Value {
     // The headline numbers: the denying policy, else the enforced one with the least left.
     let lead = lead_of(checked);
     let (limit, remaining, reset) = lead.leader.map_or((0, 0, 0), |s| {

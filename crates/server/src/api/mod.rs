@@ -11,6 +11,7 @@
 //! - this module: the router and what every endpoint shares (reading a JSON body, answering
 //!   JSON and problem+json, counting requests);
 //! - [`check`]: `/v1/check` and `/v1/release`, the decision API;
+//! - [`reserve`]: `/v1/reserve` and `/v1/settle`, reservations settled with the real cost;
 //! - [`state`]: `/v1/state` (read, reset), `/v1/charge` and `/v1/refund`;
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics` and `/admin/reload`;
 //! - [`control`]: `/v1/overrides`, `/v1/bans`, `/v1/lists/*`, runtime exceptions to the
@@ -28,6 +29,7 @@ pub mod auth;
 mod check;
 mod control;
 mod openapi;
+mod reserve;
 mod site;
 mod state;
 mod stats;
@@ -96,6 +98,8 @@ fn decision_routes(with_changes: bool) -> Router<Shared> {
     Router::new()
         .route("/v1/check", post(check::check))
         .route("/v1/release", post(check::release))
+        .route("/v1/reserve", post(reserve::reserve))
+        .route("/v1/settle", post(reserve::settle))
         .merge(state::routes(with_changes))
         .merge(open_routes())
 }

@@ -106,6 +106,7 @@ pub fn openapi() -> Value {
         } }
     });
     super::state::add_openapi(&mut doc);
+    super::reserve::add_openapi(&mut doc);
     super::control::add_openapi(&mut doc);
     super::stats::add_openapi(&mut doc);
     doc
