@@ -173,7 +173,8 @@ impl LeaseToken {
                 if parsed.policy != p.name || !shard_fits {
                     return Err(LeaseTokenError::ForeignKey(l.policy.clone()));
                 }
-                if identity.is_some_and(|id| *id != parsed.identity) {
+                // By text: keys are made of it, and a parsed key carries no address.
+                if identity.is_some_and(|id| id.as_str() != parsed.identity.as_str()) {
                     return Err(LeaseTokenError::OtherIdentity);
                 }
                 let algorithm = p.shard_algorithm();
@@ -249,6 +250,19 @@ mod tests {
         assert_eq!(
             back.leases(&keys, find, Some(&Identity::new("user:bob"))),
             Err(LeaseTokenError::OtherIdentity)
+        );
+        // A client-IP identity owns the leases of its key (a key names no address).
+        let client = Identity::parse_client_ip("ip:203.0.113.7").unwrap();
+        let token = LeaseToken {
+            leases: vec![TokenLease {
+                policy: "uploads".into(),
+                key: keys.key(&client, "uploads"),
+                id: LeaseId("1".into()),
+            }],
+        };
+        assert_eq!(
+            token.leases(&keys, find, Some(&client)).map(|l| l.len()),
+            Ok(1)
         );
     }
 
