@@ -1,12 +1,14 @@
 -- batch_step.lua: checks of one policy in one call, for every algorithm with a step (STEP in
--- common.lua; src/batch.rs sends them): one loop, the algorithm's step per item.
+-- common.lua; src/batch.rs sends them): one loop, the algorithm's step per item. The script
+-- of each algorithm is this file with its step passed in (src/scripts.rs composes
+-- `return batch_step(STEP.<code>, KEYS, ARGV)`), so the policy's code is not sent.
 --
 -- KEYS     = item keys (see batch_keys for the Cluster form)
 -- ARGV[1]  = now in µs, or "" to read the server clock with TIME
 -- ARGV[2]  = TTL padding in ms added to every write
--- ARGV[3]  = the algorithm's code, ARGV[4..7] = p1..p4 (as a check sends them, check.lua)
--- ARGV[8]  = 1 when every key is distinct, else 0 (see batch_keys)
--- ARGV[9]  = m, then m more item keys (Cluster form; 0 otherwise)
+-- ARGV[3..6] = p1..p4 (as a check sends them, check.lua; "" for 0)
+-- ARGV[7]  = 1 when every key is distinct, else 0 (see batch_keys)
+-- ARGV[8]  = m, then m more item keys (Cluster form; 0 otherwise)
 -- then the cost of each item, or nothing when every item costs 1
 -- Returns 4 integers per item: verdict (0 admitted, n > 0 limited with retry after n ms,
 -- -1 the cost exceeds the limit), remaining, reset_after_ms, delay_ms.
@@ -66,15 +68,14 @@ local function batch_reads(items)
   return call('MGET', unpack(items))
 end
 
-local function batch_step(keys, argv)
+local function batch_step(step, keys, argv)
   local now = now_us(argv[1])
   local pad = tonumber(argv[2])
-  local step = STEP[argv[3]]
-  if step == nil then
-    return redis.error_reply('sluice: no batch step for algorithm ' .. tostring(argv[3]))
-  end
-  local p1, p2, p3, p4 = tonumber(argv[4]), tonumber(argv[5]), tonumber(argv[6]), tonumber(argv[7])
-  local items, distinct, at = batch_keys(keys, argv, 8)
+  local p1 = tonumber(argv[3]) or 0
+  local p2 = tonumber(argv[4]) or 0
+  local p3 = tonumber(argv[5]) or 0
+  local p4 = tonumber(argv[6]) or 0
+  local items, distinct, at = batch_keys(keys, argv, 7)
   local vals = batch_reads(items)
   local costs = #argv >= at
   -- Per repeated key: the value and TTL its last admitted item left, in first-write order.

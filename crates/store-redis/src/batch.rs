@@ -42,6 +42,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use redis::Value;
+use sluice_core::algorithm::AlgorithmKind;
 use sluice_core::{Algorithm, StoreError};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
@@ -62,8 +63,9 @@ pub(crate) const QUEUE_CAPACITY: usize = 65_536;
 pub(crate) enum BatchScript {
     /// `lua/batch.lua`: any mix of algorithms, 7 arguments per item.
     Generic,
-    /// `lua/batch_step.lua`: one policy of an algorithm with a step.
-    OnePolicy,
+    /// `lua/batch_step.lua` around this algorithm's step: one policy of an algorithm with a
+    /// step.
+    OnePolicy(AlgorithmKind),
 }
 
 /// Reply integers per item of the one-policy script: verdict, remaining, reset, delay.
@@ -74,7 +76,7 @@ impl BatchScript {
     fn width(self) -> usize {
         match self {
             BatchScript::Generic => ROW,
-            BatchScript::OnePolicy => STEP_WIDTH,
+            BatchScript::OnePolicy(_) => STEP_WIDTH,
         }
     }
 }
@@ -169,7 +171,7 @@ pub(crate) fn script_for(items: &[&Item], generic: bool) -> BatchScript {
         && has_step(&first.algorithm)
         && items.iter().all(|i| i.algorithm == first.algorithm)
     {
-        BatchScript::OnePolicy
+        BatchScript::OnePolicy(first.algorithm.algorithm_kind())
     } else {
         BatchScript::Generic
     }
@@ -195,10 +197,16 @@ pub(crate) fn encode(
         }
         return (keys, args);
     }
-    // The algorithm's code and p1..p4, once for the whole call.
-    let algorithm = &items[0].algorithm;
-    args.push(algorithm.algorithm_kind().lua_code().to_string());
-    args.extend(algorithm.store_params().map(|v| v.to_string()));
+    // p1..p4 once for the whole call (the script holds the algorithm's step). A 0 goes as
+    // "", which the script reads as 0: no allocation for the parameters an algorithm leaves
+    // unused.
+    args.extend(
+        items[0].algorithm.store_params().map(
+            |v| {
+                if v == 0 { String::new() } else { v.to_string() }
+            },
+        ),
+    );
     // Every key once (the common case on a large keyspace): the script skips its per-key
     // bookkeeping.
     let mut seen = HashSet::with_capacity(items.len());

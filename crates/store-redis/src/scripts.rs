@@ -50,11 +50,7 @@ pub fn algorithm_source(kind: AlgorithmKind) -> &'static str {
 }
 
 /// `head`, `common.lua`, the files of `kinds` in registry order, then `tail`.
-fn compose<'a>(
-    head: &[&str],
-    kinds: impl Iterator<Item = AlgorithmKind>,
-    tail: &[&'a str],
-) -> String {
+fn compose(head: &[&str], kinds: impl Iterator<Item = AlgorithmKind>, tail: &[&str]) -> String {
     let mut s = String::new();
     for part in head {
         s.push_str(part);
@@ -71,10 +67,6 @@ fn compose<'a>(
 
 fn every_algorithm() -> impl Iterator<Item = AlgorithmKind> {
     AlgorithmKind::ALL.into_iter()
-}
-
-fn with_step() -> impl Iterator<Item = AlgorithmKind> {
-    AlgorithmKind::ALL.into_iter().filter(|k| k.info().step)
 }
 
 const CHECK_ENTRY: [&str; 2] = [lua!("check.lua"), "return check(KEYS, ARGV)\n"];
@@ -105,13 +97,15 @@ pub(crate) static BATCH: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// Checks of one policy of an algorithm with a step in one call, on a standalone server.
-pub(crate) static BATCH_STEP: LazyLock<String> = LazyLock::new(|| batch_step(false));
+/// Checks of one policy of an algorithm with a step in one call: per algorithm (registry
+/// order), `lua/batch_step.lua` around that algorithm's step, on a standalone server; `None`
+/// for an algorithm without a step.
+static BATCH_STEP: LazyLock<Vec<Option<String>>> = LazyLock::new(|| batch_steps(false));
 /// The same on one Cluster node: its items' keys in several slots of the node, each read with
 /// its own GET, hence the `allow-cross-slot-keys` flag.
-pub(crate) static CLUSTER_BATCH_STEP: LazyLock<String> = LazyLock::new(|| batch_step(true));
+static CLUSTER_BATCH_STEP: LazyLock<Vec<Option<String>>> = LazyLock::new(|| batch_steps(true));
 
-fn batch_step(cluster: bool) -> String {
+fn batch_steps(cluster: bool) -> Vec<Option<String>> {
     let head: &[&str] = if cluster {
         &[
             "#!lua flags=allow-cross-slot-keys\n",
@@ -120,11 +114,29 @@ fn batch_step(cluster: bool) -> String {
     } else {
         &["local BATCH_PER_KEY_READS = false\n"]
     };
-    compose(
-        head,
-        with_step(),
-        &[lua!("batch_step.lua"), "return batch_step(KEYS, ARGV)\n"],
-    )
+    AlgorithmKind::ALL
+        .into_iter()
+        .map(|kind| {
+            kind.info().step.then(|| {
+                let entry = format!("return batch_step(STEP.{}, KEYS, ARGV)\n", kind.lua_code());
+                compose(
+                    head,
+                    std::iter::once(kind),
+                    &[lua!("batch_step.lua"), &entry],
+                )
+            })
+        })
+        .collect()
+}
+
+/// The one-policy batch script of `kind` (`cluster`: its Cluster form), if `kind` has a step.
+pub(crate) fn batch_step(kind: AlgorithmKind, cluster: bool) -> Option<&'static str> {
+    let all = if cluster {
+        &*CLUSTER_BATCH_STEP
+    } else {
+        &*BATCH_STEP
+    };
+    all[kind.index()].as_deref()
 }
 
 /// Releases a concurrency lease.
@@ -182,9 +194,24 @@ pub fn scripts() -> Vec<(&'static str, &'static str)> {
             ("release", RELEASE.as_str()),
             ("adjust", ADJUST.as_str()),
             ("batch", BATCH.as_str()),
-            ("batch-step", BATCH_STEP.as_str()),
         ])
+        .chain(
+            AlgorithmKind::ALL
+                .into_iter()
+                .filter_map(|kind| Some((batch_name(kind)?, batch_step(kind, false)?))),
+        )
         .collect()
+}
+
+/// `batch-<algorithm>`, the name `sluice scripts` shows a one-policy batch script under.
+fn batch_name(kind: AlgorithmKind) -> Option<&'static str> {
+    static NAMES: LazyLock<Vec<String>> = LazyLock::new(|| {
+        AlgorithmKind::ALL
+            .iter()
+            .map(|k| format!("batch-{}", k.name()))
+            .collect()
+    });
+    kind.info().step.then(|| NAMES[kind.index()].as_str())
 }
 
 /// The function library source (`FUNCTION LOAD REPLACE`), for `sluice scripts`.
@@ -234,12 +261,27 @@ mod tests {
         ] {
             assert_eq!(registered(src, "CHECK"), every);
         }
-        let steps: Vec<&str> = with_step().map(|k| k.lua_code()).collect();
+        let steps: Vec<&str> = AlgorithmKind::ALL
+            .into_iter()
+            .filter(|k| k.info().step)
+            .map(|k| k.lua_code())
+            .collect();
         assert_eq!(steps, ["tb", "gcra", "lb", "fw", "swc"]);
-        for src in [BATCH_STEP.as_str(), CLUSTER_BATCH_STEP.as_str()] {
-            assert_eq!(registered(src, "STEP"), steps);
+        for kind in AlgorithmKind::ALL {
+            for cluster in [false, true] {
+                let Some(src) = batch_step(kind, cluster) else {
+                    assert!(!kind.info().step, "{kind}");
+                    continue;
+                };
+                assert_eq!(registered(src, "STEP"), [kind.lua_code()]);
+                let entry = format!("return batch_step(STEP.{}, KEYS, ARGV)\n", kind.lua_code());
+                assert!(src.ends_with(&entry), "{kind}");
+                assert_eq!(
+                    src.starts_with("#!lua flags=allow-cross-slot-keys\n"),
+                    cluster
+                );
+            }
         }
-        assert!(CLUSTER_BATCH_STEP.starts_with("#!lua flags=allow-cross-slot-keys\n"));
         let names: Vec<&str> = scripts().iter().map(|(n, _)| *n).collect();
         assert_eq!(
             names,
@@ -255,7 +297,11 @@ mod tests {
                 "release",
                 "adjust",
                 "batch",
-                "batch-step"
+                "batch-token-bucket",
+                "batch-gcra",
+                "batch-leaky-bucket",
+                "batch-fixed-window",
+                "batch-sliding-counter"
             ]
         );
     }

@@ -11,6 +11,7 @@ use super::{Lua, ScriptMode, is_missing_function, map_err};
 use crate::batch::MIN_BATCH;
 use crate::scripts;
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use sluice_core::algorithm::AlgorithmKind;
 use sluice_core::{Clock, StoreError};
 use std::sync::Arc;
 use std::time::Duration;
@@ -168,22 +169,30 @@ fn shows_life(r: &Result<Value, RedisError>) -> bool {
 /// [`batch_timeout`]; `cluster` selects the one-policy scripts' Cluster form.
 pub(super) fn batch_runner(conn: Conn, timeout: Duration, cluster: bool) -> crate::batch::Runner {
     use crate::batch::BatchScript;
-    let one_policy = if cluster {
-        &scripts::CLUSTER_BATCH_STEP
-    } else {
-        &scripts::BATCH_STEP
-    };
-    let luas = Arc::new([Lua::new(&scripts::BATCH), Lua::new(one_policy)]);
+    let generic = Arc::new(Lua::new(&scripts::BATCH));
+    // One script per algorithm with a step, by registry index (none for the others).
+    let one_policy: Arc<[Option<Lua>]> = AlgorithmKind::ALL
+        .iter()
+        .map(|&kind| scripts::batch_step(kind, cluster).map(Lua::new))
+        .collect();
     Arc::new(
         move |script: BatchScript, items: usize, keys: Vec<String>, args: Vec<String>| {
-            let (conn, luas) = (conn.clone(), Arc::clone(&luas));
+            let (conn, generic, one_policy) =
+                (conn.clone(), Arc::clone(&generic), Arc::clone(&one_policy));
             let timeout = batch_timeout(timeout, items);
-            let i = match script {
-                BatchScript::Generic => 0,
-                BatchScript::OnePolicy => 1,
-            };
             Box::pin(async move {
-                invoke_timed(&conn, ScriptMode::Eval, timeout, &luas[i], "", keys, args).await
+                let lua = match script {
+                    BatchScript::Generic => &*generic,
+                    BatchScript::OnePolicy(kind) => match &one_policy[kind.index()] {
+                        Some(lua) => lua,
+                        None => {
+                            return Err(StoreError::Invalid(format!(
+                                "{kind} has no one-policy batch script"
+                            )));
+                        }
+                    },
+                };
+                invoke_timed(&conn, ScriptMode::Eval, timeout, lua, "", keys, args).await
             })
         },
     )
