@@ -319,9 +319,10 @@ pub(super) async fn release(State(shared): State<Shared>, req: Request) -> Respo
         match rt.limiter.release(lease).await {
             Ok(held) => released &= held,
             Err(e) => {
-                count("release", StatusCode::SERVICE_UNAVAILABLE);
+                let status = sluice_http::headers::store_error_status(&e);
+                count("release", status);
                 return problem(
-                    StatusCode::SERVICE_UNAVAILABLE,
+                    status,
                     &format!("could not release the lease: {e}; it expires by itself"),
                 );
             }
