@@ -179,6 +179,30 @@ local CHECK = {}
 -- formula is written once.
 local STEP = {}
 
+-- Charge and refund (adjust.lua; crates/core/src/algorithm/adjust.rs): every algorithm but
+-- concurrency registers ADJUST[code](key, now, charge, cost, pad, p1, p2, p3, p4, token),
+-- which writes the state after consuming `cost` without a check (`charge`) or giving it back.
+-- Each reads the state with the reader its check step uses, so the formulas are written once.
+local ADJUST = {}
+
+-- The largest integer a double holds exactly: a charge never takes a count beyond it.
+local MAX_EXACT = 9007199254740992
+
+local function capped(x)
+  if x > MAX_EXACT then
+    return MAX_EXACT
+  end
+  return x
+end
+
+-- A window count after a charge (capped below 2^53) or a refund (never below zero).
+local function moved_count(count, charge, cost)
+  if charge then
+    return capped(count + cost)
+  end
+  return math.max(0, count - cost)
+end
+
 -- A limited verdict: the retry, at least 1 ms (0 is the admitted verdict).
 local function retry_of(ms)
   if ms < 1 then

@@ -60,3 +60,13 @@ STEP.fw = function(v, now, cost, limit, w, calendar)
   return 0, limit, limit - after, reset, 0, fw_value(start, after), left
 end
 CHECK.fw = check_of(STEP.fw)
+
+ADJUST.fw = function(key, now, charge, cost, pad, _, w, calendar)
+  local now_ms, start, finish, count = fw_window(get_string(key), floor(now / 1000), w, calendar)
+  count = moved_count(count, charge, cost)
+  if count == 0 then
+    call('DEL', key)
+  else
+    put_string(key, fw_value(start, count), finish - now_ms, pad)
+  end
+end

@@ -72,3 +72,17 @@ STEP.gcra = function(v, now, cost, t, burst)
   return 0, limit, remaining, reset, 0, gcra_value(new_tat), reset
 end
 CHECK.gcra = check_of(STEP.gcra)
+
+ADJUST.gcra = function(key, now, charge, cost, pad, t)
+  local tat = gcra_tat(get_string(key), now)
+  if charge then
+    tat = capped(tat + t * cost)
+  else
+    tat = math.max(now, tat - t * cost)
+  end
+  if tat <= now then
+    call('DEL', key)
+  else
+    put_string(key, gcra_value(tat), cdiv(tat - now, 1000), pad)
+  end
+end

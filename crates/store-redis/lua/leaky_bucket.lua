@@ -49,3 +49,18 @@ STEP.lb = function(v, now, cost, cap, r, p, shaping)
   return 0, cap, fdiv(full - after, p), reset, delay, lb_value(after, now_ms), reset
 end
 CHECK.lb = check_of(STEP.lb)
+
+ADJUST.lb = function(key, now, charge, cost, pad, _, r, p)
+  local now_ms = floor(now / 1000)
+  local level = lb_level(get_string(key), now_ms, r)
+  if charge then
+    level = capped(level + cost * p)
+  else
+    level = math.max(0, level - cost * p)
+  end
+  if level == 0 then
+    call('DEL', key)
+  else
+    put_string(key, lb_value(level, now_ms), cdiv(level, r), pad)
+  end
+end

@@ -80,3 +80,13 @@ STEP.swc = function(v, now, cost, limit, w)
   return 0, limit, remaining_of(estimate + cost), reset, 0, swc_value(start, after, prev), reset
 end
 CHECK.swc = check_of(STEP.swc)
+
+ADJUST.swc = function(key, now, charge, cost, pad, _, w)
+  local now_ms, start, curr, prev = swc_window(get_string(key), floor(now / 1000), w)
+  curr = moved_count(curr, charge, cost)
+  if curr == 0 and prev == 0 then
+    call('DEL', key)
+  else
+    put_string(key, swc_value(start, curr, prev), start + 2 * w - now_ms, pad)
+  end
+end

@@ -128,3 +128,63 @@ CHECK.swl = function(key, now, cost, limit, w, _, _, token)
     call('PEXPIRE', key, reset + pad)
   end
 end
+
+-- The member of a log entry of `cost` under the unique `id` (see member_cost).
+local function log_member(id, cost)
+  if cost > 1 then
+    return id .. '#' .. cost
+  end
+  return id
+end
+
+-- Writes a log entry; one of cost > 1 also sets the marker (sliding_window_log.lua).
+local function log_add(key, t, id, cost)
+  if cost > 1 then
+    call('ZADD', key, t, log_member(id, cost), '+inf', LOG_MULTI_COST)
+  else
+    call('ZADD', key, t, id)
+  end
+end
+
+-- The log is read whole here (a charge or refund is rare); the marker, sorting last at +inf,
+-- is never taken for an entry.
+ADJUST.swl = function(key, now, charge, cost, pad, _, w, _, _, token)
+  local now_ms = floor(now / 1000)
+  local cutoff = now_ms - w
+  local _, wrong = zentries(key)
+  if wrong then
+    call('DEL', key)
+  end
+  call('ZREMRANGEBYSCORE', key, '-inf', cutoff)
+  if charge then
+    if cost > 0 then
+      log_add(key, now_ms, token, cost)
+    end
+  else
+    -- Newest first: ZRANGE lists by ascending score.
+    local live = call('ZRANGE', key, 0, -1, 'WITHSCORES')
+    local left = cost
+    local i = #live - 1
+    while left > 0 and i >= 1 do
+      local m, t = live[i], live[i + 1]
+      if m ~= LOG_MULTI_COST then
+        local c = member_cost(m)
+        call('ZREM', key, m)
+        if c > left then
+          log_add(key, t, token, c - left)
+          left = 0
+        else
+          left = left - c
+        end
+      end
+      i = i - 2
+    end
+  end
+  local last = call('ZREVRANGEBYSCORE', key, '(+inf', '-inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  if last[2] then
+    call('PEXPIRE', key, tonumber(last[2]) + w - now_ms + pad)
+  else
+    -- No entry left (the marker alone, at most).
+    call('DEL', key)
+  end
+end

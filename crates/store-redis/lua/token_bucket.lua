@@ -72,3 +72,20 @@ STEP.tb = function(v, now, cost, cap, r, p)
   return 0, cap, fdiv(left, p), reset, 0, tb_value(left, now_ms), reset
 end
 CHECK.tb = check_of(STEP.tb)
+
+ADJUST.tb = function(key, now, charge, cost, pad, cap, r, p)
+  local full = cap * p
+  local now_ms = floor(now / 1000)
+  local tokens = tb_tokens(get_string(key), now_ms, full, r)
+  local left
+  if charge then
+    left = math.max(0, tokens - cost * p)
+  else
+    left = math.min(full, tokens + cost * p)
+  end
+  if left == full then
+    call('DEL', key)
+  else
+    put_string(key, tb_value(left, now_ms), cdiv(full - left, r), pad)
+  end
+end

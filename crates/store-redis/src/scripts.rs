@@ -5,10 +5,12 @@
 //! bucket, fixed and calendar windows, sliding counter) write it as a step, `STEP.<code>`:
 //! stored value in, decision and new value out, with no Redis command of its own. Their
 //! one-key check (`CHECK.<code>`, one GET and one SET around the step), the one-policy batch
-//! loop (`lua/batch_step.lua`) and charge and refund (`lua/adjust.lua`, through the same
-//! state readers such as the token bucket's refill `tb_tokens`) all run that one text. The
-//! sliding log and concurrency keep sorted sets and several commands per decision; they
-//! write `CHECK.<code>` directly and are not batched per policy.
+//! loop (`lua/batch_step.lua`) and charge and refund (`ADJUST.<code>`, in the same file,
+//! through the same state readers such as the token bucket's refill `tb_tokens`) all run
+//! that one text. The sliding log and concurrency keep sorted sets and several commands per
+//! decision; they write `CHECK.<code>` directly and are not batched per policy. Everything
+//! about one algorithm in Lua (state encoding, reader, step, check, charge and refund) is in
+//! its file; the entry files only dispatch.
 //!
 //! A script is `common.lua` (helpers, the server-clock read, the `STEP`/`CHECK` tables) +
 //! the algorithm files it needs + its entry file (`check.lua`, `batch.lua`,
@@ -244,6 +246,13 @@ mod tests {
                 &[]
             };
             assert_eq!(registered(src, "STEP"), steps, "{kind}");
+            // Charge and refund too, for every algorithm without leases.
+            let adjusts: &[&str] = if kind.info().leases {
+                &[]
+            } else {
+                &[kind.lua_code()]
+            };
+            assert_eq!(registered(src, "ADJUST"), adjusts, "{kind}");
             let script = single(kind);
             assert!(script.contains(src), "{kind}");
             assert_eq!(registered(script, "CHECK"), [kind.lua_code()], "{kind}");
