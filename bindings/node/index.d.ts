@@ -138,6 +138,39 @@ export declare class Config {
   readonly storeUrl: string;
 }
 
+/** What a settle did. */
+export interface Settled {
+  policy: string;
+  /** The identity reserved for (a credential's hash). */
+  identity: string;
+  maxCost: number;
+  /** The real cost it was settled with. */
+  cost: number;
+  /** `maxCost - cost`, given back. */
+  refunded: number;
+  /** `cost - maxCost`, charged beyond the reservation. */
+  debt: number;
+}
+
+/** A maximum cost reserved by `limiter.reserve`; settle it with the real cost, once. */
+export declare class Reservation {
+  private constructor();
+  readonly allowed: boolean;
+  /** Settles it from any process sharing the store; null when nothing was reserved. */
+  readonly id: string | null;
+  readonly maxCost: number;
+  /** The check of the maximum: numbers and headers as `limiter.check` answers them. */
+  readonly checked: {
+    allowed: boolean;
+    remaining: number;
+    limit: number;
+    retryAfterMs: number;
+    headers: Record<string, string>;
+  };
+  /** Rejects when settled already or when the store failed (it then counts in full). */
+  settle(cost: number): Promise<Settled>;
+}
+
 export declare class Limiter {
   private constructor();
   /** The limiter a sluice.toml describes (store, hash key, headers, lists, plans, bans). */
@@ -148,6 +181,15 @@ export declare class Limiter {
   check(policy: Policy, identity: string, options?: CheckOptions): Promise<Checked>;
   check(policy: Policy, options: CheckOptions & { credential: string | Buffer }): Promise<Checked>;
   release(policy: Policy, leaseToken: string): Promise<number>;
+  /** Reserves `maxCost` until settled with the real cost, or `ttlMs` ends (then it counts in full). */
+  reserve(
+    policy: Policy,
+    identity: string | null,
+    maxCost: number,
+    options?: { ttlMs?: number; credential?: string | Buffer },
+  ): Promise<Reservation>;
+  /** Settles a reservation by id, made by this or any process sharing the store. */
+  settle(id: string, cost: number): Promise<Settled>;
   /** The identity a credential is limited as: `key:h<hex>`, as the Rust layer and `sluice serve` make it. */
   credentialIdentity(credential: string | Buffer): string;
   /** The store key of a policy and identity: `rl:{<identity>}:<policy>`. */

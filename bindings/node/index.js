@@ -383,6 +383,28 @@ class Limiter {
     return pending.then((r) => (r.leaseToken ? withRelease(this.native, policy, r) : r));
   }
 
+  /**
+   * Reserves `maxCost` of `policy` for `identity` (or `null` and `{ credential }`) until it is
+   * settled with the real cost or `{ ttlMs }` ends (default 60000; then it counts in full).
+   * Resolves to a `Reservation`: `allowed`, `id`, `maxCost`, `checked` and `settle(cost)`.
+   */
+  reserve(policy, identity, maxCost, options) {
+    try {
+      return this.native.reserve(policy, identity ?? undefined, maxCost, options);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+  }
+
+  /** Settles the reservation `id` (made by any process sharing the store) with the real `cost`. */
+  settle(id, cost) {
+    try {
+      return this.native.settle(id, cost);
+    } catch (e) {
+      return Promise.reject(e);
+    }
+  }
+
   /** Gives back the leases of a check result's `leaseToken` (from another process too). */
   release(policy, leaseToken) {
     return this.native.release(policy, leaseToken);
@@ -417,5 +439,6 @@ module.exports = {
   Limiter,
   Policy: NativePolicy,
   HttpGuard: native.HttpGuard,
+  Reservation: native.Reservation,
   native,
 };

@@ -29,6 +29,7 @@ mod decision;
 mod guard;
 mod limiter;
 mod policy;
+mod reservation;
 
 /// The addon's own allocator. A check allocates a few dozen small blocks (its identity and
 /// key, the script arguments, the reply, the result's strings), many freed on another tokio

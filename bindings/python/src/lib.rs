@@ -30,6 +30,7 @@ mod config;
 mod http;
 mod limiter;
 mod policy;
+mod reservation;
 
 use pyo3::create_exception;
 use pyo3::exceptions::{PyConnectionError, PyValueError};
@@ -60,6 +61,8 @@ fn _sluice(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<policy::PyPolicy>()?;
     m.add_class::<checked::PyChecked>()?;
     m.add_class::<limiter::PyLimiter>()?;
+    m.add_class::<reservation::PyReservation>()?;
+    m.add_class::<reservation::PySettled>()?;
     m.add_class::<config::PyConfig>()?;
     m.add_class::<http::HttpGuard>()?;
     m.add_class::<http::HttpVerdict>()?;

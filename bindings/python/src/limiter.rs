@@ -303,6 +303,62 @@ impl PyLimiter {
         Ok(py.detach(|| pyo3_async_runtimes::tokio::get_runtime().block_on(job.run())))
     }
 
+    /// Reserves `max_cost` of `policy` for `identity` (or a hashed `credential`) until it is
+    /// settled with the real cost or `ttl_ms` ends (then it counts in full); awaitable giving
+    /// a `Reservation` (`sluice::reservation`).
+    #[pyo3(signature = (policy, identity=None, *, max_cost, ttl_ms=60000, credential=None))]
+    fn reserve<'py>(
+        &self,
+        py: Python<'py>,
+        policy: &PyPolicy,
+        identity: Option<String>,
+        max_cost: u64,
+        ttl_ms: u64,
+        credential: Option<Secret>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let identity = identity_of(identity, credential, &self.hash_key)?;
+        let (limiter, policy) = (self.limiter.clone(), Arc::clone(&policy.inner));
+        let reserve =
+            crate::reservation::reserve(limiter, self.headers, policy, identity, max_cost, ttl_ms);
+        pyo3_async_runtimes::tokio::future_into_py(py, reserve)
+    }
+
+    /// `reserve` for synchronous code; the GIL is released meanwhile.
+    #[pyo3(signature = (policy, identity=None, *, max_cost, ttl_ms=60000, credential=None))]
+    fn reserve_sync(
+        &self,
+        py: Python<'_>,
+        policy: &PyPolicy,
+        identity: Option<String>,
+        max_cost: u64,
+        ttl_ms: u64,
+        credential: Option<Secret>,
+    ) -> PyResult<crate::reservation::PyReservation> {
+        let identity = identity_of(identity, credential, &self.hash_key)?;
+        let (limiter, policy) = (self.limiter.clone(), Arc::clone(&policy.inner));
+        let reserve =
+            crate::reservation::reserve(limiter, self.headers, policy, identity, max_cost, ttl_ms);
+        py.detach(|| pyo3_async_runtimes::tokio::get_runtime().block_on(reserve))
+    }
+
+    /// Settles the reservation `id` (made by any process sharing the store) with the real
+    /// `cost`; awaitable giving a `Settled`.
+    fn settle<'py>(&self, py: Python<'py>, id: String, cost: u64) -> PyResult<Bound<'py, PyAny>> {
+        let settle = crate::reservation::settle(self.limiter.clone(), id, cost);
+        pyo3_async_runtimes::tokio::future_into_py(py, settle)
+    }
+
+    /// `settle` for synchronous code; the GIL is released meanwhile.
+    fn settle_sync(
+        &self,
+        py: Python<'_>,
+        id: String,
+        cost: u64,
+    ) -> PyResult<crate::reservation::PySettled> {
+        let settle = crate::reservation::settle(self.limiter.clone(), id, cost);
+        py.detach(|| pyo3_async_runtimes::tokio::get_runtime().block_on(settle))
+    }
+
     /// The identity a credential is limited as with this limiter's hash key.
     fn credential_identity(&self, secret: Secret) -> PyResult<String> {
         identity_of(None, Some(secret), &self.hash_key).map(|i| i.as_str().to_string())
