@@ -258,7 +258,9 @@ impl HttpGuard {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         match &mut *state {
             State::Building(builder) => {
-                let b = builder.take().expect("a guard being built holds its builder");
+                let b = builder
+                    .take()
+                    .expect("a guard being built holds its builder");
                 *builder = Some(b.rule(rule));
                 Ok(())
             }
@@ -308,7 +310,10 @@ impl HttpGuard {
                     let verdict = a.verdict().map(|v| verdict_name(v).to_string());
                     let ticket = limited.then(|| {
                         let id = next.fetch_add(1, Ordering::Relaxed);
-                        tickets.lock().unwrap_or_else(PoisonError::into_inner).insert(id, Ticket::Admitted(a));
+                        tickets
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .insert(id, Ticket::Admitted(a));
                         id
                     });
                     GuardVerdict {
@@ -336,10 +341,18 @@ impl HttpGuard {
         ticket: u32,
         status: u32,
     ) -> napi::Result<PromiseRaw<'env, GuardFinished>> {
-        let admitted = match self.tickets.lock().unwrap_or_else(PoisonError::into_inner).remove(&ticket) {
+        let admitted = match self
+            .tickets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&ticket)
+        {
             Some(Ticket::Admitted(a)) => Some(a),
             Some(done @ Ticket::Done(_)) => {
-                self.tickets.lock().unwrap_or_else(PoisonError::into_inner).insert(ticket, done);
+                self.tickets
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(ticket, done);
                 None
             }
             None => None,
@@ -356,7 +369,10 @@ impl HttpGuard {
             let headers = flatten(&done.headers);
             let leases: usize = done.leases.iter().map(|g| g.len()).sum();
             if leases > 0 {
-                tickets.lock().unwrap_or_else(PoisonError::into_inner).insert(ticket, Ticket::Done(done));
+                tickets
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(ticket, Ticket::Done(done));
             }
             Ok(GuardFinished {
                 headers,
@@ -369,8 +385,16 @@ impl HttpGuard {
     /// concurrency leases, and an admission never finished keeps its charge. A Promise of how
     /// many leases the store released.
     #[napi(ts_return_type = "Promise<number>")]
-    pub fn release<'env>(&self, env: &'env Env, ticket: u32) -> napi::Result<PromiseRaw<'env, f64>> {
-        let entry = self.tickets.lock().unwrap_or_else(PoisonError::into_inner).remove(&ticket);
+    pub fn release<'env>(
+        &self,
+        env: &'env Env,
+        ticket: u32,
+    ) -> napi::Result<PromiseRaw<'env, f64>> {
+        let entry = self
+            .tickets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&ticket);
         env.spawn_future(async move {
             let released = match entry {
                 Some(Ticket::Done(done)) => done.release().await,

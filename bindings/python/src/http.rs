@@ -221,7 +221,10 @@ impl HttpVerdict {
 }
 
 /// The middleware's answer to a request head, or the 400 for one that cannot be read.
-async fn decide(middleware: Arc<Middleware>, head: Result<RequestHead, sluice_http::Refusal>) -> HttpVerdict {
+async fn decide(
+    middleware: Arc<Middleware>,
+    head: Result<RequestHead, sluice_http::Refusal>,
+) -> HttpVerdict {
     match head {
         Ok(head) => HttpVerdict::of(middleware.decide(head).await),
         Err(bad) => HttpVerdict::of(Pass::Refuse(bad)),

@@ -58,12 +58,7 @@ impl Middleware {
         let mut routes: Vec<(Rule, Vec<Arc<Decider>>)> = config
             .routes
             .iter()
-            .map(|r| {
-                (
-                    route_rule(config, r),
-                    route_deciders(config, r, limiter),
-                )
-            })
+            .map(|r| (route_rule(config, r), route_deciders(config, r, limiter)))
             .collect();
         routes.sort_by(|a, b| a.0.precedence(&b.0));
         Self { routes }
