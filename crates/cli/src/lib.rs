@@ -9,6 +9,8 @@
 //! - [`race`]: the guide's race test — a naive GET-then-SET next to sluice.
 //! - [`loadtest`]: a constant-arrival-rate HTTP driver with the arithmetic's prediction beside
 //!   the measured admitted count, and an SVG plot.
+//! - [`verify`]: `sluice verify`, a planned arrival pattern against a running deployment,
+//!   judged against the policy's arithmetic and the bounds of docs/guarantees.md.
 //! - [`keyslot`]: Redis Cluster slots of keys.
 //! - [`probe`]: `sluice probe URL`, the container image's health check.
 //! - [`top`]: `sluice top`, the live view of a running `sluice serve` in the terminal.
@@ -25,3 +27,4 @@ pub mod policy_args;
 pub mod probe;
 pub mod race;
 pub mod top;
+pub mod verify;

@@ -331,7 +331,8 @@ pub async fn run(args: &LoadtestArgs) -> Result<LoadReport, String> {
     Ok(report)
 }
 
-fn describe(a: &Algorithm) -> String {
+/// The policy in words, as the reports print it.
+pub fn describe(a: &Algorithm) -> String {
     match a {
         Algorithm::TokenBucket { capacity, rate } => {
             format!("token-bucket capacity={capacity} rate={rate}")

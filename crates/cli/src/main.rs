@@ -5,7 +5,7 @@ use std::io::Write;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use sluice_cli::{admin, check, keyslot, loadtest, probe, race, top};
+use sluice_cli::{admin, check, keyslot, loadtest, probe, race, top, verify};
 
 /// The version and the commit the binary was built from (see `build.rs`).
 const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (", env!("SLUICE_COMMIT"), ")");
@@ -30,6 +30,9 @@ enum Command {
     Race(race::RaceArgs),
     /// Constant-arrival-rate HTTP load with the admitted count the policy predicts.
     Loadtest(loadtest::LoadtestArgs),
+    /// Drive a running deployment with a planned arrival pattern; exit 1 when it admits more
+    /// than its policy allows (0 pass, 2 error or no decision, 3 under-admits).
+    Verify(verify::VerifyArgs),
     /// The Redis Cluster slot of keys, or of the key sluice builds for an identity.
     Keyslot(keyslot::KeyslotArgs),
     /// Drive a running `sluice serve`: state, reset, charge, refund, overrides, bans, lists.
@@ -161,6 +164,17 @@ async fn run_async(command: Command) -> ExitCode {
                     loadtest::render(&r, &mut out);
                 }
                 ExitCode::SUCCESS
+            }
+            Err(e) => fail(&e),
+        },
+        Command::Verify(args) => match verify::run(&args).await {
+            Ok(r) => {
+                if args.json {
+                    let _ = writeln!(out, "{}", serde_json::to_string(&r).unwrap_or_default());
+                } else {
+                    verify::render(&r, &mut out);
+                }
+                ExitCode::from(r.verdict.exit_code())
             }
             Err(e) => fail(&e),
         },
