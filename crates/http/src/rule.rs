@@ -85,6 +85,11 @@ impl Rule {
         &self.prefix
     }
 
+    /// The policies, checked together (all or nothing).
+    pub fn policies(&self) -> &[Arc<Policy>] {
+        &self.policies
+    }
+
     /// True when the rule covers a request with this method and path.
     pub fn matches(&self, method: &Method, path: &str) -> bool {
         (self.methods.is_empty() || self.methods.contains(method))
