@@ -99,6 +99,7 @@ async fn every_check_decided(a: &Limiter, b: &Limiter, listed: u32, rounds: u32)
     }
 }
 
+#[ignore = "slow: scripts/test-slow runs it (scripts/test, so CI, calls that)"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_million_deny_entries_leave_every_check_decided_and_changes_still_reach_the_other_instance()
  {

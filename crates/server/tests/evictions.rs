@@ -64,6 +64,7 @@ async fn a_flood_cannot_reset_a_victim_and_its_evictions_are_counted() {
 /// whole capacity against `max_keys = 200`. The exhausted victim stays denied, and at most 1 %
 /// of 300 identities that never sent a request are denied on their first one (each evicted key
 /// is remembered by its own fingerprint, not in a cell shared with other keys).
+#[ignore = "slow: scripts/test-slow runs it (scripts/test, so CI, calls that)"]
 #[tokio::test]
 async fn after_a_flood_at_full_cost_fresh_identities_are_admitted_and_the_victim_is_not() {
     let s = start(

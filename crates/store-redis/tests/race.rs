@@ -118,6 +118,7 @@ async fn two_hundred_concurrent_at_a_limit_of_ten_admit_ten() {
     }
 }
 
+#[ignore = "slow: scripts/test-slow runs it (scripts/test, so CI, calls that)"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_over_sixteen_connections_admit_a_hundred() {
     for kind in KINDS {
