@@ -227,3 +227,68 @@ async fn a_client_that_leaves_or_a_failed_upstream_spends_the_whole_maximum() {
     assert_eq!(remaining(&s).await, 500);
     s.stop().await;
 }
+
+/// The errors of `[routes.reserve]`, each naming the file, line and field.
+#[test]
+fn a_bad_reservation_route_is_refused_with_file_line_and_field() {
+    use sluice_server::config::Config;
+    let errors = |reserve: &str| -> Vec<String> {
+        let src = format!(
+            "[policies.tokens]\nalgorithm = \"fixed-window\"\nlimit = 10\nwindow = \"1h\"\n\n\
+             [policies.slots]\nalgorithm = \"concurrency\"\nlimit = 2\nlease = \"1m\"\n\n\
+             [[routes]]\nprefix = \"/v1\"\nupstream = \"http://127.0.0.1:9\"\n\n\
+             [routes.reserve]\n{reserve}\n"
+        );
+        match Config::parse(&src, "sluice.toml", None) {
+            Ok(_) => panic!("expected errors in:\n{src}"),
+            Err(e) => e.0.iter().map(ToString::to_string).collect(),
+        }
+    };
+    let one = |reserve: &str, expected: &[&str]| {
+        let e = errors(reserve);
+        let text = e.join("\n");
+        for part in expected {
+            assert!(text.contains(part), "{part:?} not in:\n{text}");
+        }
+    };
+    one(
+        "policy = \"nope\"\njson_field = \"max_tokens\"",
+        &[
+            "sluice.toml:16",
+            "routes[0].reserve.policy",
+            "unknown policy \"nope\"",
+        ],
+    );
+    one(
+        "policy = \"slots\"\njson_field = \"max_tokens\"",
+        &["routes[0].reserve.policy", "concurrency limit"],
+    );
+    one(
+        "policy = \"tokens\"",
+        &["routes[0].reserve", "exactly one of json_field"],
+    );
+    one(
+        "policy = \"tokens\"\njson_field = \"a\"\nheader = \"x-max\"",
+        &["exactly one of json_field"],
+    );
+    one(
+        "policy = \"tokens\"\nheader = \"bad header\"",
+        &[
+            "sluice.toml:17",
+            "routes[0].reserve.header",
+            "invalid header name",
+        ],
+    );
+    one(
+        "policy = \"tokens\"\njson_field = \"max_tokens\"\nttl = \"2d\"",
+        &["sluice.toml:18", "routes[0].reserve.ttl", "must be between"],
+    );
+    one(
+        "policy = \"tokens\"\njson_field = \"max_tokens\"\ndefault = -1",
+        &["routes[0].reserve.default", "whole number"],
+    );
+    one(
+        "policy = \"tokens\"\njson_field = \"max_tokens\"\nmaximum = 5",
+        &["maximum"],
+    );
+}
