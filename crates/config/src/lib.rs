@@ -36,6 +36,7 @@ mod raw;
 mod routes;
 mod server;
 mod store;
+mod telemetry;
 #[cfg(test)]
 mod tests;
 
@@ -61,6 +62,7 @@ pub use identity::IdentitySource;
 pub use layers::{route_deciders, route_layers, route_rule};
 pub use routes::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_UPSTREAM_TIMEOUT};
 pub use store::DEFAULT_MAX_MEMORY;
+pub use telemetry::{DEFAULT_TELEMETRY_ENDPOINT, TelemetryConfig};
 
 /// Default HTTP listener (decision API, metrics, health).
 pub const DEFAULT_HTTP: &str = "127.0.0.1:8080";
@@ -201,6 +203,8 @@ pub struct Config {
     pub listener_overrides: ListenerOverrides,
     /// Plans, ban rules and the file's allow and deny lists (`[plans]`, `[lists]`, `ban`).
     pub control: sluice::ControlConfig,
+    /// OpenTelemetry trace export of decisions (`[telemetry]`, off by default).
+    pub telemetry: TelemetryConfig,
 }
 
 /// Listener addresses given on the command line, which win over the file's.
@@ -382,6 +386,7 @@ fn parse(
     let proxy = routes::check_proxy(&mut ck, &raw.proxy);
     let envoy = envoy_section::check_envoy(&mut ck, &raw, dir);
     let control = control::check_control(&mut ck, &raw, &policies);
+    let telemetry = telemetry::check_telemetry(&mut ck, &raw.telemetry);
 
     let mut errors = ck.errors;
     errors.extend(envoy.yaml_errors);
@@ -408,5 +413,6 @@ fn parse(
         domains: Arc::new(envoy.domains),
         listener_overrides: ListenerOverrides::default(),
         control,
+        telemetry,
     })
 }

@@ -39,6 +39,8 @@ pub(super) struct RawConfig {
     #[serde(default)]
     pub control: RawControl,
     pub jwt: Option<Spanned<RawJwt>>,
+    #[serde(default)]
+    pub telemetry: super::telemetry::RawTelemetry,
 }
 
 #[derive(Debug, Default, Deserialize)]

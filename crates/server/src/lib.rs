@@ -21,6 +21,7 @@
 //! - [`proxy`]: the reverse proxy.
 //! - [`listener`] (with [`limits`]): connection discipline on every listener (timeouts, head size,
 //!   global and per-IP connection caps with a reserve for health and admin).
+//! - [`telemetry`]: OpenTelemetry traces of decisions, exported over OTLP/gRPC.
 //! - [`reload`]: SIGHUP, file watching, `/admin/reload`.
 //! - `ui`: the operator console at `/ui`, its assets compiled in.
 //! - [`cli`]: `sluice serve` and `sluice validate` arguments and entry points.
@@ -34,6 +35,7 @@ pub mod reload;
 pub mod rls;
 pub mod state;
 pub mod stats;
+pub mod telemetry;
 pub mod testing;
 mod ui;
 

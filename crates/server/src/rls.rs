@@ -178,6 +178,23 @@ impl RateLimitService for RlsService {
         &self,
         request: Request<RateLimitRequest>,
     ) -> Result<Response<RateLimitResponse>, Status> {
+        // One span per call when `[telemetry]` is on; Envoy sends `traceparent` as metadata.
+        let parent = request.metadata().get(crate::telemetry::TRACEPARENT);
+        let span = self.shared.telemetry().start(
+            crate::telemetry::Entry::Rls,
+            parent.and_then(|v| v.to_str().ok()),
+        );
+        let status =
+            |r: &Result<_, Status>| Some(r.as_ref().map_or_else(|s| s.code() as i64, |_| 0));
+        span.run(self.decide(request), status).await
+    }
+}
+
+impl RlsService {
+    async fn decide(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
         let req = request.into_inner();
         if req.descriptors.len() > MAX_DESCRIPTORS {
             return Err(Status::invalid_argument(format!(

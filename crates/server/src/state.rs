@@ -33,6 +33,7 @@ struct Inner {
     reload: tokio::sync::Mutex<()>,
     metrics: Option<PrometheusHandle>,
     stats: Arc<crate::stats::Stats>,
+    telemetry: crate::telemetry::Telemetry,
 }
 
 /// The shared state of a running server. Cheap to clone.
@@ -44,7 +45,7 @@ impl Shared {
     pub fn new(config: Config, limiter: Limiter) -> Self {
         limiter.control().configure(config.control.clone());
         let stats = Arc::new(crate::stats::Stats::new());
-        limiter.set_observer(stats.clone());
+        limiter.set_observer(Arc::new(crate::telemetry::Recording(stats.clone())));
         let rt = Runtime {
             config: Arc::new(config),
             limiter,
@@ -54,11 +55,13 @@ impl Shared {
         let metrics = metrics_handle();
         metrics::gauge!("sluice_config_generation").set(1.0);
         zero_series(&rt);
+        let telemetry = crate::telemetry::Telemetry::new(&rt.config.telemetry);
         Shared(Arc::new(Inner {
             current: RwLock::new(Arc::new(rt)),
             reload: tokio::sync::Mutex::new(()),
             metrics,
             stats,
+            telemetry,
         }))
     }
 
@@ -71,7 +74,8 @@ impl Shared {
     pub fn install(&self, config: Config, limiter: Limiter) -> u64 {
         limiter.control().configure(config.control.clone());
         // A carried-over limiter keeps the observer it has.
-        limiter.set_observer(self.0.stats.clone());
+        limiter.set_observer(Arc::new(crate::telemetry::Recording(self.0.stats.clone())));
+        self.0.telemetry.configure(&config.telemetry);
         // A denial remembered under the old policies may not hold under the new ones.
         limiter.forget_denials();
         let mut cur = self.0.current.write();
@@ -89,6 +93,11 @@ impl Shared {
     /// The live statistics (console, `/v1/stats`, `sluice top`), kept across reloads.
     pub fn stats(&self) -> &Arc<crate::stats::Stats> {
         &self.0.stats
+    }
+
+    /// Decision tracing (`[telemetry]`), reconfigured on reload.
+    pub fn telemetry(&self) -> &crate::telemetry::Telemetry {
+        &self.0.telemetry
     }
 
     /// Serializes reloads (SIGHUP, file change and `/admin/reload` may race).

@@ -232,6 +232,15 @@ pub(super) fn check_answer(checked: &Checked, opts: &HeaderOptions) -> Value {
 }
 
 pub(super) async fn check(State(shared): State<Shared>, req: Request) -> Response {
+    // One span per check when `[telemetry]` is on, a child of the caller's `traceparent`.
+    let span = shared
+        .telemetry()
+        .start_http(crate::telemetry::Entry::Api, req.headers());
+    let status = |r: &Response| Some(i64::from(r.status().as_u16()));
+    span.run(decide(shared, req), status).await
+}
+
+async fn decide(shared: Shared, req: Request) -> Response {
     let rt = shared.runtime();
     let body = match read_json(req, rt.config.server.max_body_bytes).await {
         Ok(b) => b,
