@@ -200,13 +200,8 @@ pub(crate) fn encode(
     // p1..p4 once for the whole call (the script holds the algorithm's step). A 0 goes as
     // "", which the script reads as 0: no allocation for the parameters an algorithm leaves
     // unused.
-    args.extend(
-        items[0].algorithm.store_params().map(
-            |v| {
-                if v == 0 { String::new() } else { v.to_string() }
-            },
-        ),
-    );
+    let param = |v: u64| if v == 0 { String::new() } else { v.to_string() };
+    args.extend(items[0].algorithm.store_params().map(param));
     // Every key once (the common case on a large keyspace): the script skips its per-key
     // bookkeeping.
     let mut seen = HashSet::with_capacity(items.len());

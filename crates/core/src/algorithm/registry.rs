@@ -1,5 +1,9 @@
-//! Every algorithm by name: its spellings, the parameters it takes and the short code the Redis
-//! scripts dispatch on, written down once.
+//! Every algorithm by name: its spellings, the parameters it takes, the short code the Redis
+//! scripts dispatch on and the traits the stores ask about (whether its Lua is a step the
+//! batch loop runs, whether it takes leases, whether an admission stores a unique member),
+//! written down once. What its parameters amount to (quota, scaling, the numbers a store's
+//! scripts take) is in [`super::shape`], their bounds in `validate.rs`, the inverse of
+//! [`AlgorithmKind::build`] and the display form in `params.rs`.
 //!
 //! The config file, the CLI flags and `--expect` specs, the Envoy `rate_limit.algorithm`
 //! extension and the Redis script assembly all read this table, so an algorithm cannot be
