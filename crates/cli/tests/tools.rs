@@ -214,6 +214,37 @@ fn race_shows_the_naive_race_and_sluice_exactness() {
     }
 }
 
+/// `sluice race` on the user's own Redis (a server of its own here, so nothing else writes)
+/// leaves no keys behind.
+#[test]
+fn race_leaves_no_keys_behind() {
+    let redis = RedisServer::redis();
+    let url = redis.url();
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["race", "--store", &url, "--requests", "50", "--limit", "5"])
+        .output()
+        .expect("run sluice race");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("sluice admitted 5 of 50"), "{stdout}");
+    let keys = redis_cli(&url, &["--scan"]);
+    assert!(keys.trim().is_empty(), "race left keys behind: {keys}");
+}
+
+fn redis_cli(url: &str, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .arg("-u")
+        .arg(url)
+        .args(args)
+        .output()
+        .expect("run redis-cli");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[test]
 fn race_human_output_matches_the_guide() {
     let (code, out, _) = sluice(&["race", "--store", &redis().url()]);
