@@ -35,7 +35,7 @@ async function sluicePlugin(fastify, options) {
     const t = request.sluiceTicket;
     if (!t) return payload;
     request.sluiceTicket = null;
-    const finished = await t.guard.finish(t.ticket, reply.statusCode);
+    const finished = t.guard.finishNow(t.ticket, reply.statusCode) ?? (await t.guard.finish(t.ticket, reply.statusCode));
     const h = finished.headers;
     for (let i = 0; i < h.length; i += 2) reply.header(h[i], h[i + 1]);
     return payload;

@@ -102,10 +102,10 @@ function setHeaders(res, flat) {
 }
 
 /**
- * Settles an admitted request by its status before its head is written: the first
- * `writeHead`, `write` or `end` waits (queued) for `guard.finish`, whose RateLimit fields are
- * then set, so a route counting by outcome refunds first and the fields describe the state
- * after the refund.
+ * Settles an admitted request by its status before its head is written: at the first
+ * `writeHead`, `write` or `end`, at once when the route counts every request, otherwise
+ * queued until `guard.finish` (a refund in the store) is done, so the RateLimit fields set
+ * then describe the state after the refund.
  */
 function settleBeforeHead(guard, ticket, res) {
   const original = { writeHead: res.writeHead, write: res.write, end: res.end };
@@ -115,6 +115,15 @@ function settleBeforeHead(guard, ticket, res) {
     res.writeHead = original.writeHead;
     res.write = original.write;
     res.end = original.end;
+  };
+  // A route counting every request settles without a store call: at once.
+  const settledNow = () => {
+    const finished = guard.finishNow(ticket, res.statusCode);
+    if (finished === null) return false;
+    if (!res.headersSent) setHeaders(res, finished.headers);
+    state = 'done';
+    restore();
+    return true;
   };
   const settle = () => {
     state = 'settling';
@@ -132,22 +141,20 @@ function settleBeforeHead(guard, ticket, res) {
     });
   };
   res.writeHead = function (statusCode, ...rest) {
-    if (state === 'done') return original.writeHead.call(this, statusCode, ...rest);
+    if (state === 'open') res.statusCode = statusCode;
+    if (state === 'done' || (state === 'open' && settledNow())) return original.writeHead.call(this, statusCode, ...rest);
     queued.push([original.writeHead, [statusCode, ...rest]]);
-    if (state === 'open') {
-      res.statusCode = statusCode;
-      settle();
-    }
+    if (state === 'open') settle();
     return this;
   };
   res.write = function (...args) {
-    if (state === 'done') return original.write.apply(this, args);
+    if (state === 'done' || (state === 'open' && settledNow())) return original.write.apply(this, args);
     queued.push([original.write, args]);
     if (state === 'open') settle();
     return true;
   };
   res.end = function (...args) {
-    if (state === 'done') return original.end.apply(this, args);
+    if (state === 'done' || (state === 'open' && settledNow())) return original.end.apply(this, args);
     queued.push([original.end, args]);
     if (state === 'open') settle();
     return this;

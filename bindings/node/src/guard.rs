@@ -381,6 +381,46 @@ impl HttpGuard {
         })
     }
 
+    /// `finish` at once for a request whose route counts every request (no store call to
+    /// wait for); `null` when it counts by outcome, for `finish` to settle.
+    #[napi]
+    pub fn finish_now(&self, ticket: u32, status: u32) -> Option<GuardFinished> {
+        let mut tickets = self.tickets.lock().unwrap_or_else(PoisonError::into_inner);
+        let admitted = match tickets.remove(&ticket) {
+            Some(Ticket::Admitted(a)) => a,
+            Some(done @ Ticket::Done(_)) => {
+                tickets.insert(ticket, done);
+                return Some(GuardFinished {
+                    headers: Vec::new(),
+                    leases: 0,
+                });
+            }
+            None => {
+                return Some(GuardFinished {
+                    headers: Vec::new(),
+                    leases: 0,
+                });
+            }
+        };
+        match admitted.finish_now(u16::try_from(status).unwrap_or(0)) {
+            Ok(done) => {
+                let headers = flatten(&done.headers);
+                let leases: usize = done.leases.iter().map(|g| g.len()).sum();
+                if leases > 0 {
+                    tickets.insert(ticket, Ticket::Done(done));
+                }
+                Some(GuardFinished {
+                    headers,
+                    leases: u32::try_from(leases).unwrap_or(u32::MAX),
+                })
+            }
+            Err(admitted) => {
+                tickets.insert(ticket, Ticket::Admitted(admitted));
+                None
+            }
+        }
+    }
+
     /// Ends a ticket (call when the response is over, sent or aborted): releases its
     /// concurrency leases, and an admission never finished keeps its charge. A Promise of how
     /// many leases the store released.

@@ -190,6 +190,25 @@ impl HttpVerdict {
             Ok(Self::settle(admitted, status, headers, done).await)
         })
     }
+    /// `finish` at once for a request whose route counts every request (no store call to wait
+    /// for); `None` when it counts by outcome, for `finish` to settle.
+    fn finish_now(&self, status: u16) -> Option<Vec<(String, String)>> {
+        let Some(admitted) = self.admitted.lock().take() else {
+            return Some(self.headers.lock().clone());
+        };
+        match admitted.finish_now(status) {
+            Ok(done) => {
+                let added = pairs(&done.headers);
+                *self.headers.lock() = added.clone();
+                *self.done.lock() = Some(done);
+                Some(added)
+            }
+            Err(admitted) => {
+                *self.admitted.lock() = Some(admitted);
+                None
+            }
+        }
+    }
     /// `finish` for WSGI code; the GIL is released meanwhile.
     fn finish_sync(&self, py: Python<'_>, status: u16) -> Vec<(String, String)> {
         let admitted = self.admitted.lock().take();

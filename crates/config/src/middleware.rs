@@ -11,6 +11,7 @@
 //! refusal is the answer, and the deciders that admitted before it are finished with the
 //! refusal's status, as an outer layer sees an inner layer's answer.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use http::HeaderMap;
@@ -145,6 +146,31 @@ impl Admitted {
     /// How many concurrency leases the request holds.
     pub fn leases(&self) -> usize {
         self.admissions.iter().map(Admission::leases).sum()
+    }
+
+    /// True when a route counting by outcome may refund at [`Admitted::finish`] (a store
+    /// call); otherwise [`Admitted::finish_now`] settles without waiting.
+    pub fn counts_by_outcome(&self) -> bool {
+        self.admissions.iter().any(Admission::counts_by_outcome)
+    }
+
+    /// [`Admitted::finish`] without a runtime, for a request whose route counts every request
+    /// (nothing to refund, so nothing to wait for): the Python and Node middleware set the
+    /// fields on the response head at once instead of a round trip through the runtime.
+    /// Gives the admission back when it counts by outcome.
+    pub fn finish_now(self, status: u16) -> Result<Done, Admitted> {
+        if self.counts_by_outcome() {
+            return Err(self);
+        }
+        let mut finishing = std::pin::pin!(self.finish(status));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        loop {
+            // Settling a request that counts every request makes no store call: the first
+            // poll is ready.
+            if let std::task::Poll::Ready(done) = finishing.as_mut().poll(&mut cx) {
+                return Ok(done);
+            }
+        }
     }
 
     /// Settles the request by the status the application answered (refunding what a route

@@ -80,7 +80,9 @@ class RateLimitMiddleware:
             if message["type"] == "http.response.start":
                 # Settled by the status (a route counting by outcome refunds here), so the
                 # fields describe the state after the refund.
-                added = await verdict.finish(message["status"])
+                added = verdict.finish_now(message["status"])
+                if added is None:
+                    added = await verdict.finish(message["status"])
                 if added:
                     message = dict(message)
                     message["headers"] = list(message.get("headers", ())) + _encoded(added)
@@ -93,9 +95,10 @@ class RateLimitMiddleware:
         try:
             await self.app(scope, receive, send_finishing)
         finally:
-            # Leases still held, or an admission never finished (the app raised): it keeps
-            # its charge.
-            await verdict.release()
+            # Leases still held (an admission never finished, because the app raised, keeps
+            # its charge).
+            if verdict.leases:
+                await verdict.release()
 
 
 async def send_denial(send: Send, verdict) -> None:

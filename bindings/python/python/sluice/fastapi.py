@@ -60,7 +60,10 @@ def rate_limit(limiter, *policies, cost: int = 1, **options: Any):
         if not verdict.allowed:
             raise RateLimitExceeded(verdict)
         # The rule counts every request, so its status does not matter to the settling.
-        for name, value in await verdict.finish(200):
+        added = verdict.finish_now(200)
+        if added is None:
+            added = await verdict.finish(200)
+        for name, value in added:
             response.headers[name] = value
         try:
             yield verdict
