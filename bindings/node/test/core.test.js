@@ -333,9 +333,11 @@ test("a sluice.toml is read by the server's own reader", async () => {
   assert.equal(config.policies.burst.quota, 10);
   assert.equal(config.storeUrl, 'memory');
   const limiter = await Limiter.fromConfig(shipped);
-  const admitted = [];
-  for (let i = 0; i < 11; i++) admitted.push((await limiter.check(config.policies.burst, 'someone')).allowed);
-  assert.deepEqual(admitted, [...Array(10).fill(true), false]);
+  const results = [];
+  for (let i = 0; i < 11; i++) results.push(await limiter.check(config.policies.burst, 'someone'));
+  assert.deepEqual(results.map((r) => r.allowed), [...Array(10).fill(true), false]);
+  // One name for a check's result in Rust, Python and Node.
+  assert.equal(results[0].constructor.name, 'Checked');
   // Errors are the lines `sluice validate` prints: FILE:LINE: field: message.
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sluice-config-'));
   const bad = path.join(dir, 'sluice.toml');

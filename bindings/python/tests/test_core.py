@@ -86,7 +86,10 @@ def test_the_shipped_sluice_toml_loads():
     assert config.store_url == "memory"
     limiter = Limiter.from_config_sync(config)
     assert limiter.store == "memory"
-    assert [limiter.check_sync(burst, "someone").allowed for _ in range(11)] == [True] * 10 + [False]
+    results = [limiter.check_sync(burst, "someone") for _ in range(11)]
+    assert [r.allowed for r in results] == [True] * 10 + [False]
+    # One name for a check's result in Rust, Python and Node.
+    assert type(results[0]) is sluice.Checked and type(results[0]).__name__ == "Checked"
     # The same limiter from the path.
     assert Limiter.from_config_sync(os.path.join(ROOT, "examples", "sluice.toml")).store == "memory"
 
