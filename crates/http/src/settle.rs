@@ -182,8 +182,22 @@ fn settle_later(reservation: Reservation, cost: u64) {
     };
     runtime.spawn(async move {
         let id = reservation.id().to_string();
-        if let Err(e) = reservation.settle(cost).await {
-            tracing::warn!(reservation = %id, error = %e, "a proxied reservation was not settled; it counts in full");
+        match reservation.settle(cost).await {
+            Ok(s) if s.debt > 0 => tracing::info!(
+                reservation = %id,
+                policy = %s.policy,
+                identity = %s.identity,
+                max_cost = s.max_cost,
+                cost = s.actual,
+                debt = s.debt,
+                "a request cost more than its declared maximum: the excess was charged as debt"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(
+                reservation = %id,
+                error = %e,
+                "a proxied reservation was not settled; it counts in full"
+            ),
         }
     });
 }

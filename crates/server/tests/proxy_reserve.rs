@@ -83,6 +83,7 @@ async fn upstream() -> (String, Arc<Notify>) {
     let release = Arc::new(Notify::new());
     let app = axum::Router::new()
         .route("/v1/chat/completions", axum::routing::post(completions))
+        .route("/v2/chat/completions", axum::routing::post(completions))
         .route("/v1/fail", axum::routing::post(fail))
         .with_state(Upstream {
             release: Arc::clone(&release),
@@ -111,6 +112,15 @@ policy = "tokens"
 json_field = "max_tokens"
 usage = "total_tokens"
 ttl = "1m"
+
+[[routes]]
+prefix = "/v2"
+upstream = "{upstream}"
+
+[routes.reserve]
+policy = "tokens"
+header = "x-max-tokens"
+default = 100
 "#
     )
 }
@@ -180,6 +190,28 @@ async fn a_stream_passes_through_unbuffered_and_settles_with_its_last_usage() {
     let v: Value = res.json().await.unwrap();
     assert_eq!(v["usage"]["total_tokens"], 50);
     settles_to(&s, 827).await;
+
+    // The maximum from a header: a real cost beyond it (303 > 200) is charged as debt.
+    let res = client()
+        .post(format!("{proxy}/v2/chat/completions"))
+        .header("x-max-tokens", "200")
+        .json(&json!({"used": 300}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    res.bytes().await.unwrap();
+    settles_to(&s, 524).await;
+    // No header: the route's default of 100 is reserved, 13 spent.
+    let res = client()
+        .post(format!("{proxy}/v2/chat/completions"))
+        .json(&json!({"used": 10}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    res.bytes().await.unwrap();
+    settles_to(&s, 511).await;
     s.stop().await;
 }
 
