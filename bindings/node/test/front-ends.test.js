@@ -50,6 +50,14 @@ rate = "3/h"
 identity = "header:x-user"
 ban = { after = 2, within = "1m", duration = "10m" }
 
+# A ceiling per client address over the per-user limit: a second identity source on the
+# route, so a second decider (a second layer in the proxy), its fields merged.
+[policies.per-ip]
+algorithm = "token-bucket"
+capacity = 1000
+rate = "1000/h"
+identity = "ip"
+
 # Two wrong passwords per user; right ones are given back.
 [policies.logins]
 algorithm = "token-bucket"
@@ -59,7 +67,7 @@ identity = "header:x-user"
 
 [[routes]]
 prefix = "/api"
-policies = ["api"]
+policies = ["per-ip", "api"]
 upstream = "http://127.0.0.1:${upstreamPort}"
 
 [[routes]]
@@ -101,9 +109,10 @@ function sequences(who) {
 }
 
 /** One request; what every front end must answer alike. */
-function send(base, [method, target, headers]) {
+function send(base, [method, target, headers], localAddress = '127.0.0.1') {
   return new Promise((resolve, reject) => {
-    const req = http.request(base + target, { method, headers: { connection: 'close', ...headers } }, (res) => {
+    const options = { method, localAddress, headers: { connection: 'close', ...headers } };
+    const req = http.request(base + target, options, (res) => {
       const chunks = [];
       res.on('data', (c) => chunks.push(c));
       res.on('end', () => {
@@ -260,12 +269,13 @@ after(async () => {
 
 test('the layer, the proxy, FastAPI and Express answer one sluice.toml alike', { skip: missing.length ? `needs ${missing.join(', ')}` : false, timeout: 120_000 }, async () => {
   const answers = {};
-  // The front ends one after the other, each request after the previous one's answer.
-  for (const [front, base] of Object.entries(fronts)) {
+  // The front ends one after the other, each request after the previous one's answer, each
+  // front end's requests from a loopback address of its own (its own per-IP bucket).
+  for (const [i, [front, base]] of Object.entries(fronts).entries()) {
     answers[front] = {};
     for (const [name, requests] of Object.entries(sequences(front))) {
       const got = [];
-      for (const r of requests) got.push(await send(base, r));
+      for (const r of requests) got.push(await send(base, r, `127.0.0.${i + 2}`));
       answers[front][name] = got;
     }
   }
@@ -281,6 +291,8 @@ test('the layer, the proxy, FastAPI and Express answer one sluice.toml alike', {
   assert.match(answers.layer['count by outcome'][2].ratelimit, /r=2/);
   assert.match(answers.layer['count by outcome'][3].ratelimit, /r=1/);
   assert.ok(answers.layer['deny-listed client'][0].problem, 'a 403 is problem+json');
+  // Both identity sources of the route in the fields.
+  assert.match(answers.layer['limit reached, then banned'][0].ratelimitPolicy, /"per-ip";q=1000;w=3600.*"api";q=3;w=3600|"api";q=3;w=3600.*"per-ip";q=1000;w=3600/);
   for (const front of ['proxy', 'fastapi', 'express']) {
     for (const name of Object.keys(answers.layer)) {
       assert.deepEqual(answers[front][name], answers.layer[name], `${front}, ${name}`);
