@@ -295,6 +295,8 @@ async fn run_shared(
     // Units held in leased slices (`mode = "leased"`) go back to the store.
     let limiter = shared.runtime().limiter.clone();
     let _ = tokio::time::timeout(grace, limiter.shutdown()).await;
+    // Trace spans still queued go to the collector (`[telemetry]`).
+    shared.telemetry().shutdown(grace).await;
     served
 }
 

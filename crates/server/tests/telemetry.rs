@@ -459,3 +459,85 @@ window = "1m"
     }
     s.stop().await;
 }
+
+#[tokio::test]
+async fn spans_still_queued_are_sent_on_shutdown() {
+    let rx = Receiver::start();
+    // A flush interval far beyond the test: only the shutdown can send the span in time.
+    let toml = format!(
+        "{POLICIES}{}",
+        telemetry(&rx.endpoint()).replace("\"50ms\"", "\"60s\"")
+    );
+    let s = start(&toml).await;
+    check(
+        &s.url("/v1/check"),
+        json!({"policy": "leased-key", "identity": "user:7"}),
+        Some(&traceparent(CALLER_SPAN, "01")),
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(rx.spans().is_empty(), "sent before the flush interval");
+    s.stop().await;
+    let spans = rx.wait_spans(1).await;
+    assert_eq!(spans[0]["parent_span_id"], CALLER_SPAN);
+}
+
+#[tokio::test]
+async fn a_stalled_collector_fills_the_queue_and_never_slows_a_decision() {
+    // A collector that accepts connections (the kernel's backlog) and never answers.
+    let stalled = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = stalled.local_addr().unwrap();
+    let toml = format!(
+        r#"
+[server]
+shutdown_grace = "1s"
+
+[policies.many]
+algorithm = "fixed-window"
+limit = 1000
+window = "1m"
+
+[telemetry]
+enabled = true
+endpoint = "http://{addr}"
+flush_interval = "10ms"
+export_timeout = "3s"
+queue_size = 2
+"#
+    );
+    let s = start(&toml).await;
+    let url = s.url("/v1/check");
+    for i in 0..30 {
+        let sent = Instant::now();
+        let answer = check(
+            &url,
+            json!({"policy": "many", "identity": "user:1"}),
+            Some(&traceparent(&format!("{:016x}", i + 1), "01")),
+        )
+        .await;
+        assert_eq!(answer["allowed"], true);
+        // Waiting on the queue would take the export timeout (3 s).
+        assert!(
+            sent.elapsed() < Duration::from_millis(1500),
+            "check {i} took {:?}",
+            sent.elapsed()
+        );
+    }
+    let metrics = client()
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let dropped: f64 = metrics
+        .lines()
+        .find(|l| l.starts_with("sluice_telemetry_spans_dropped_total{reason=\"queue_full\"}"))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no queue_full drops counted:\n{metrics}"));
+    // 30 spans, at most 2 queued and one batch in the stalled export at a time.
+    assert!(dropped >= 10.0, "{dropped} dropped");
+    s.stop().await;
+    drop(stalled);
+}

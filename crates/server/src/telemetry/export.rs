@@ -31,6 +31,8 @@ pub(crate) struct Exporter {
     tx: mpsc::Sender<Span>,
     /// The settings it was started with (a reload that changes them starts a new exporter).
     pub(crate) config: TelemetryConfig,
+    /// The export task, awaited on shutdown so the spans still queued are sent.
+    task: parking_lot::Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 impl Exporter {
@@ -51,11 +53,18 @@ impl Exporter {
             failures_unlogged: 0,
             last_warn: None,
         };
-        runtime.spawn(task.run());
+        let task = runtime.spawn(task.run());
         Some(Self {
             tx,
             config: config.clone(),
+            task: parking_lot::Mutex::new(Some(task)),
         })
+    }
+
+    /// The export task, to await once this exporter is dropped (it then sends what is
+    /// queued and ends).
+    pub(crate) fn take_task(&self) -> Option<tokio::task::JoinHandle<()>> {
+        self.task.lock().take()
     }
 
     /// Queues a finished span; drops it (counted) when the queue is full.

@@ -109,6 +109,22 @@ impl Telemetry {
         }
     }
 
+    /// Stops exporting: the spans still queued are sent, waiting at most `grace` (the
+    /// server's shutdown grace) for the collector.
+    pub async fn shutdown(&self, grace: Duration) {
+        let Some(exporter) = self.exporter.write().take() else {
+            return;
+        };
+        let task = exporter.take_task();
+        // The last sender goes with the exporter: the task sends its batch and ends.
+        drop(exporter);
+        if let Some(task) = task
+            && tokio::time::timeout(grace, task).await.is_err()
+        {
+            tracing::warn!("trace spans still queued after {grace:?}; not sent");
+        }
+    }
+
     /// Opens the span of one request. `parent` is the caller's `traceparent` header value.
     pub fn start(&self, entry: Entry, parent: Option<&str>) -> Traced {
         let Some(exporter) = self.exporter.read().clone() else {
