@@ -248,3 +248,56 @@ test('the middleware also takes a Promise of a limiter', async () => {
     await app.close();
   }
 });
+
+// A sluice.toml's routes, as `sluice serve` limits them: the deny list answers 403, a route
+// counting only 401s gives right passwords back (Fastify settles in onSend, Express before
+// the head is written), and the fields describe the state after the refund.
+for (const [framework, serve] of Object.entries(FRAMEWORKS)) {
+  test(`${framework} with { config }: 403 for the deny list, refunds by outcome`, async () => {
+    const fs = require('node:fs');
+    const os = require('node:os');
+    const path = require('node:path');
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'sluice-config-mw-'));
+    const config = path.join(dir, 'sluice.toml');
+    fs.writeFileSync(config, `
+[store]
+url = "${redis.url}"
+timeout = "2s"
+
+[lists]
+deny = ["hdr:blocked"]
+
+[policies.logins]
+algorithm = "token-bucket"
+capacity = 2
+rate = "2/h"
+identity = "header:x-user"
+
+[[routes]]
+prefix = "/hello"
+policies = ["logins"]
+count = [401]
+upstream = "http://127.0.0.1:9"
+`);
+    const app = await serve({ config });
+    try {
+      const denied = await get(app.base, '/hello', { 'x-user': 'blocked' });
+      assert.equal(denied.status, 403);
+      assert.equal(denied.headers.get('content-type'), 'application/problem+json');
+      // /hello answers 200: never counted, so the bucket stays full.
+      const user = freshIdentity('u');
+      for (let i = 0; i < 4; i++) {
+        const r = await get(app.base, '/hello', { 'x-user': user });
+        assert.equal(r.status, 200);
+        assert.match(r.headers.get('ratelimit'), /^"logins";r=2;/);
+      }
+      // Unrouted paths pass unlimited.
+      const free = await get(app.base, '/health', { 'x-user': user });
+      assert.equal(free.status, 200);
+      assert.equal(free.headers.get('ratelimit'), null);
+    } finally {
+      await app.close();
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+}
