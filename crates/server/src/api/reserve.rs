@@ -157,6 +157,26 @@ pub(super) async fn reserve(State(shared): State<Shared>, req: Request) -> Respo
     json_response(StatusCode::OK, &answer)
 }
 
+/// A parsed `/v1/settle` body: the reservation id and the real cost.
+fn parse_settle(body: &mut Map<String, Value>) -> Result<(String, u64), String> {
+    let id = match body.remove("reservation") {
+        Some(Value::String(s)) => s,
+        Some(other) => {
+            return Err(format!(
+                "\"reservation\" must be a string (the id /v1/reserve answered), not {}",
+                kind(&other)
+            ));
+        }
+        None => return Err("missing \"reservation\" (the id /v1/reserve answered)".into()),
+    };
+    let cost = units(body, "cost", "the real cost")?
+        .ok_or("missing \"cost\" (the real cost, e.g. the tokens the response used)")?;
+    if let Some(k) = body.keys().next() {
+        return Err(format!("unknown field {k:?}: expected reservation, cost"));
+    }
+    Ok((id, cost))
+}
+
 pub(super) async fn settle(State(shared): State<Shared>, req: Request) -> Response {
     let rt = shared.runtime();
     let mut body = match read_json(req, rt.config.server.max_body_bytes).await {
@@ -166,24 +186,7 @@ pub(super) async fn settle(State(shared): State<Shared>, req: Request) -> Respon
             return res;
         }
     };
-    let parsed = (|| {
-        let id = match body.remove("reservation") {
-            Some(Value::String(s)) => s,
-            Some(other) => {
-                return Err(format!(
-                    "\"reservation\" must be a string (the id /v1/reserve answered), not {}",
-                    kind(&other)
-                ));
-            }
-            None => return Err("missing \"reservation\" (the id /v1/reserve answered)".into()),
-        };
-        let cost = units(&mut body, "cost", "the real cost")?
-            .ok_or("missing \"cost\" (the real cost, e.g. the tokens the response used)")?;
-        if let Some(k) = body.keys().next() {
-            return Err(format!("unknown field {k:?}: expected reservation, cost"));
-        }
-        Ok((id, cost))
-    })();
+    let parsed = parse_settle(&mut body);
     let (id, cost) = match parsed {
         Ok(p) => p,
         Err(msg) => {
