@@ -143,6 +143,29 @@ impl Identity {
         (id.text == text).then_some(id)
     }
 
+    /// The identity a trusted caller names a client by (the check API): the text
+    /// [`Identity::client_ip`] writes (read back as that identity), or a bare address or
+    /// network (`203.0.113.7`, `2001:db8::/48`), kept as written and carrying that address.
+    /// Anything else is `None`: an identity that names no address.
+    pub fn parse_address(text: &str) -> Option<Self> {
+        if let Some(id) = Self::parse_client_ip(text) {
+            return Some(id);
+        }
+        if !text.starts_with(|c: char| c.is_ascii_hexdigit() || c == ':') {
+            return None;
+        }
+        let net = match text.split_once('/') {
+            Some((addr, len)) => {
+                let addr: IpAddr = addr.parse().ok()?;
+                let max = if addr.is_ipv4() { 32 } else { 128 };
+                let len = len.parse::<u8>().ok().filter(|&l| l <= max)?;
+                ClientNet::new(addr, len)
+            }
+            None => ClientNet::host(text.parse().ok()?),
+        };
+        Some(Self::new(text).with_network(net))
+    }
+
     /// This identity, standing for `net` (an identity whose text is made elsewhere, such as
     /// an Envoy descriptor with a `remote_address` entry). The text, and so the key, stays.
     pub fn with_network(mut self, net: ClientNet) -> Self {
@@ -596,6 +619,24 @@ mod tests {
             "ip: 10.0.0.1",
         ] {
             assert_eq!(Identity::parse_client_ip(text), None, "{text}");
+        }
+        let bare = Identity::parse_address("203.0.113.7").unwrap();
+        assert_eq!(bare.as_str(), "203.0.113.7", "the text stays as written");
+        assert_eq!(bare.network(), Some(ClientNet::host(ip("203.0.113.7"))));
+        let net = Identity::parse_address("2001:db8::1/48").unwrap();
+        assert_eq!(net.network(), Some(ClientNet::new(ip("2001:db8::"), 48)));
+        assert_eq!(
+            Identity::parse_address("ip:203.0.113.7"),
+            Identity::parse_client_ip("ip:203.0.113.7")
+        );
+        for text in [
+            "user:1",
+            "10.0.0.1/33",
+            "deadbeef",
+            "ip:unknown",
+            "1.2.3.4 ",
+        ] {
+            assert_eq!(Identity::parse_address(text), None, "{text}");
         }
         let e = Identity::new("envoy:edge:remote_address=10.0.0.1")
             .with_network(ClientNet::host(ip("10.0.0.1")));

@@ -4,7 +4,9 @@
 //! policy, a ban scoped to it, and `/v1/state` (read, reset), `/v1/charge` and `/v1/refund` on
 //! it, first on the embedded store, then on two `sluice serve` instances sharing a Redis
 //! Cluster (an override, a reset, a deny entry, a charge, a refund and a ban made through one
-//! are obeyed by the other's RLS answers).
+//! are obeyed by the other's RLS answers). The lists' networks match the address a
+//! `remote_address` entry carries (IPv4 and IPv6, also next to a value so long that the
+//! identity is a hash), never a value the client writes that spells a listed address.
 
 mod common;
 
@@ -345,4 +347,115 @@ async fn a_change_through_one_instance_reaches_the_others_rls_on_a_cluster() {
     .await;
     a.stop().await;
     b.stop().await;
+}
+
+/// Descriptors that carry the client address next to values the client writes.
+const WITH_CLIENT_VALUES: &str = r#"
+domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit:
+      unit: hour
+      requests_per_unit: 2
+  - key: user
+    rate_limit:
+      unit: hour
+      requests_per_unit: 2
+  - key: path
+    descriptors:
+      - key: remote_address
+        rate_limit:
+          unit: hour
+          requests_per_unit: 2
+"#;
+
+async fn ask_entries(
+    c: &mut RateLimitServiceClient<Channel>,
+    entries: &[(&str, &str)],
+) -> RateLimitResponse {
+    let req = RateLimitRequest {
+        domain: "edge".into(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: entries
+                .iter()
+                .map(|(k, v)| Entry {
+                    key: (*k).into(),
+                    value: (*v).into(),
+                })
+                .collect(),
+            ..Default::default()
+        }],
+        hits_addend: 0,
+    };
+    c.should_rate_limit(req).await.unwrap().into_inner()
+}
+
+/// The reason of one answer: `OK`, or `X-Sluice-Reason` of an over-limit one.
+async fn answer(c: &mut RateLimitServiceClient<Channel>, entries: &[(&str, &str)]) -> String {
+    let r = ask_entries(c, entries).await;
+    if r.overall_code == Code::Ok as i32 {
+        "OK".into()
+    } else {
+        header(&r, "X-Sluice-Reason").unwrap_or("over").into()
+    }
+}
+
+#[tokio::test]
+async fn network_lists_match_the_remote_address_a_descriptor_carries_not_its_text() {
+    let toml = format!(
+        "{}[lists]\ndeny = [\"192.0.2.0/24\", \"2001:db8::/32\"]\nallow = [\"10.0.0.0/8\"]\n",
+        config("")
+    );
+    let s = start_with(&toml, &[("edge.yaml", WITH_CLIENT_VALUES)]).await;
+    let mut c = RateLimitServiceClient::connect(s.grpc_url()).await.unwrap();
+
+    // The remote_address of an IPv4 and an IPv6 client inside the networks.
+    assert_eq!(
+        answer(&mut c, &[("remote_address", "192.0.2.44")]).await,
+        "denied"
+    );
+    assert_eq!(
+        answer(&mut c, &[("remote_address", "2001:db8::7")]).await,
+        "denied"
+    );
+    assert_eq!(
+        answer(&mut c, &[("remote_address", "198.51.100.1")]).await,
+        "OK"
+    );
+    assert_eq!(
+        answer(&mut c, &[("remote_address", "2001:db9::1")]).await,
+        "OK"
+    );
+    // Next to another entry, and next to one so long that the identity is a hash: the
+    // address still decides (the descriptor's text no longer shows it).
+    let long = format!("/{}", "a".repeat(600));
+    for path in ["/short", long.as_str()] {
+        for ip in ["192.0.2.45", "2001:db8::9"] {
+            let got = answer(&mut c, &[("path", path), ("remote_address", ip)]).await;
+            assert_eq!(got, "denied", "{ip} after a path of {} bytes", path.len());
+        }
+    }
+
+    // A value the client writes that spells a listed address is not that client: neither
+    // refused by the deny network nor let past its limit by the allow network.
+    for spelled in ["192.0.2.44", "ip:192.0.2.44", "remote_address=192.0.2.44"] {
+        assert_eq!(
+            answer(&mut c, &[("user", spelled)]).await,
+            "OK",
+            "{spelled}"
+        );
+    }
+    let mut oks = 0;
+    for _ in 0..4 {
+        oks += usize::from(answer(&mut c, &[("user", "10.0.0.1")]).await == "OK");
+    }
+    assert_eq!(oks, 2, "the text of an allowed address buys no exemption");
+    // The client really at 10.0.0.1 is never over its limit of 2.
+    for _ in 0..4 {
+        assert_eq!(
+            answer(&mut c, &[("remote_address", "10.0.0.1")]).await,
+            "OK"
+        );
+    }
+    s.stop().await;
 }

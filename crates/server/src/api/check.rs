@@ -138,11 +138,11 @@ pub(super) fn parse_identity(
             "\"identity\" is {} bytes; the most is {MAX_IDENTITY_LEN}",
             s.len()
         )),
-        // `ip:ADDRESS` / `ip6:ADDRESS[/LEN]`, written as the proxy writes a client address,
-        // names that client: the caller asserts the address, and the control plane's
-        // network lists apply. Any other text is an identity that names no address.
+        // `ip:ADDRESS` / `ip6:ADDRESS[/LEN]` as the proxy writes a client address, or a bare
+        // address or network, names that client: the caller vouches for the address, and
+        // the control plane's network lists apply. Any other text names no address.
         (Some(Value::String(s)), None) => Ok(Some(
-            Identity::parse_client_ip(&s).unwrap_or_else(|| Identity::new(s)),
+            Identity::parse_address(&s).unwrap_or_else(|| Identity::new(s)),
         )),
         (Some(other), None) => Err(format!(
             "\"identity\" must be a string, not {}",
