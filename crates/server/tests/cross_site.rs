@@ -226,6 +226,12 @@ impl Drop for Browser {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // Its helper processes (renderer, zygote) outlive it for a moment and write to the
+        // profile: they carry its unique folder on their command line, so they go first.
+        let _ = Command::new("pkill")
+            .args(["-KILL", "-f"])
+            .arg(format!("user-data-dir={}", self.profile.display()))
+            .status();
         std::fs::remove_dir_all(&self.profile).ok();
     }
 }
