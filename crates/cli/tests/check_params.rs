@@ -15,16 +15,16 @@ fn sluice(args: &[&str]) -> (i32, String) {
 }
 
 /// `sluice validate` on a file holding one `[policies.p]` with `body`; returns its stderr.
+/// The file sits in a directory of its own, removed afterwards.
 fn validate(body: &str) -> (i32, String) {
-    let dir = std::env::temp_dir().join(format!("sluice-check-params-{}", std::process::id()));
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("sluice-check-params-{}-{n}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join(format!(
-        "{:x}.toml",
-        body.len() * 31 + body.bytes().map(usize::from).sum::<usize>()
-    ));
+    let file = dir.join("sluice.toml");
     std::fs::write(&file, format!("[policies.p]\n{body}")).unwrap();
     let r = sluice(&["validate", "--config", file.to_str().unwrap()]);
-    let _ = std::fs::remove_file(&file);
+    let _ = std::fs::remove_dir_all(&dir);
     r
 }
 
