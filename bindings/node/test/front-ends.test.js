@@ -82,13 +82,21 @@ upstream = "http://127.0.0.1:${upstreamPort}"
 `;
 }
 
+/** In a sequence: wait for the background work of the requests before it. */
+const PAUSE = 'pause';
+
 /** The request sequences; `who` keeps each front end's users apart. */
 function sequences(who) {
   const user = (name) => ({ 'x-user': `${name}-${who}` });
   const login = (password, name) => ['GET', `/login?password=${password}`, user(name)];
   return {
-    // 3 admitted, 2 denied, then banned.
-    'limit reached, then banned': Array.from({ length: 7 }, () => ['GET', '/api/items', user('alice')]),
+    // 3 admitted, 2 denied, then banned. A denial is counted towards the ban in the
+    // background (a store script), so the ban is looked at a moment later.
+    'limit reached, then banned': [
+      ...Array.from({ length: 5 }, () => ['GET', '/api/items', user('alice')]),
+      PAUSE,
+      ...Array.from({ length: 2 }, () => ['GET', '/api/items', user('alice')]),
+    ],
     'deny-listed client': [
       ['GET', '/api/items', { 'x-user': 'blocked' }],
       ['GET', '/login?password=right', { 'x-user': 'blocked' }],
@@ -275,7 +283,10 @@ test('the layer, the proxy, FastAPI and Express answer one sluice.toml alike', {
     answers[front] = {};
     for (const [name, requests] of Object.entries(sequences(front))) {
       const got = [];
-      for (const r of requests) got.push(await send(base, r, `127.0.0.${i + 2}`));
+      for (const r of requests) {
+        if (r === PAUSE) await new Promise((resolve) => setTimeout(resolve, 300));
+        else got.push(await send(base, r, `127.0.0.${i + 2}`));
+      }
       answers[front][name] = got;
     }
   }
