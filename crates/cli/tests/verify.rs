@@ -249,7 +249,7 @@ fn one_instance_behind_its_proxy_passes_and_bad_arguments_are_clear() {
     )
     .unwrap();
     let route = format!("{route}\n[envoy]\nfiles = [\"edge.yaml\"]\n");
-    let (_s, _, proxy) = serve(&dir.0, "one", "memory", &route);
+    let (_s, http, proxy) = serve(&dir.0, "one", "memory", &route);
     let args = vec![
         "--proxy".to_string(),
         format!("http://127.0.0.1:{proxy}/hello"),
@@ -283,6 +283,23 @@ fn one_instance_behind_its_proxy_passes_and_bad_arguments_are_clear() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(out.status.code(), Some(0), "{report}");
     assert!(report["limited"].as_u64().unwrap() > 0, "{report}");
+
+    // The expected policy read from the deployment's own file.
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["verify", "--config"])
+        .arg(dir.0.join("one.toml"))
+        .args([
+            "--policy",
+            "api",
+            "--api",
+            &format!("http://127.0.0.1:{http}"),
+        ])
+        .args(["--duration", "1s", "--json"])
+        .output()
+        .unwrap();
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    assert_eq!(report["policy"], "token-bucket capacity=10 rate=5/s");
 
     // No target, or a duration past the cap: exit 2 with a message.
     let out = Command::new(env!("CARGO_BIN_EXE_sluice"))

@@ -1,9 +1,10 @@
-//! The bounds of docs/guarantees.md, each driven to its worst case on real Redis and asserted
-//! as the formula with the test's parameters: the modes in which sluice may admit other than
-//! exactly (local fallback with `local_share`, sharded policies, the deny cache after a reset
-//! made elsewhere, the sliding window counter and fixed windows across a boundary, calendar
-//! windows across the days daylight saving time moves). Leased slices, count-by-outcome and
-//! eviction are driven by the tests the table names in their own crates.
+//! The bounds of docs/guarantees.md, each driven to its worst case and asserted as the formula
+//! with the test's parameters: the modes in which sluice may admit other than exactly (local
+//! fallback with `local_share`, sharded policies, the deny cache after a reset made elsewhere,
+//! the sliding window counter and fixed windows across a boundary, calendar windows across the
+//! days daylight saving time moves, on real Redis; counting by outcome behind the real proxy;
+//! a key rebuilt from its eviction trace in the embedded store). Leased slices are driven by
+//! the tests the table names in `crates/limiter/tests`.
 //!
 //! Where a test controls time it gives the same `ManualClock` to the Redis store (whose
 //! scripts then take their time from it) and to the limiter, so the worst case lands on the
@@ -379,4 +380,76 @@ async fn counting_by_outcome_holds_at_most_l_units_in_flight_and_never_counts_pa
     assert_eq!(counted, L, "{statuses:?}");
     assert!(statuses[L..].iter().all(|&s| s == 429), "{statuses:?}");
     server.stop().await;
+}
+
+/// Eviction in the embedded store never admits more than an unbounded store (0 over). A
+/// sliding log key rebuilt from its trace holds its whole amount until the latest of its
+/// requests leaves the window: short of exact by at most that amount, for at most W after its
+/// last admitted request.
+#[test]
+fn an_evicted_key_is_short_of_exact_by_at_most_its_amount_until_its_last_request_leaves() {
+    use sluice::core::CheckItem;
+    use sluice_memory::MemoryStore;
+    const L: u64 = 4;
+    const W: u64 = 10_000;
+    const T0: u64 = 1_700_000_000_000_000;
+    let clock = ManualClock::new(T0);
+    let bounded = MemoryStore::builder()
+        .clock(Arc::new(clock.clone()))
+        .max_keys(16)
+        .build();
+    let exact = MemoryStore::builder()
+        .clock(Arc::new(clock.clone()))
+        .build();
+    let log = Algorithm::SlidingWindowLog {
+        limit: L,
+        window_ms: W,
+    };
+    // The same request to both stores: (bounded allowed, exact allowed).
+    let both = |key: &str| {
+        let item = CheckItem {
+            key,
+            algorithm: &log,
+            cost: 1,
+        };
+        (
+            bounded.check_one(&item).allowed,
+            exact.check_one(&item).allowed,
+        )
+    };
+    // Two victims each spend 1 at 0 s and 1 at 5 s: an amount of 2, the last leaving at 15 s.
+    for victim in ["rl:{a}:log", "rl:{b}:log"] {
+        assert_eq!(both(victim), (true, true));
+    }
+    clock.advance_ms(5_000);
+    for victim in ["rl:{a}:log", "rl:{b}:log"] {
+        assert_eq!(both(victim), (true, true));
+    }
+    // 6 s: 200 fresh identities push both victims out of a store of 16 keys.
+    clock.advance_ms(1_000);
+    for i in 0..200 {
+        both(&format!("rl:{{fresh-{i}}}:log"));
+    }
+    assert!(bounded.len() <= 16);
+    assert!(bounded.eviction_counts().informative > 0);
+    // 11 s: the 0 s request has left the window; exact admits 3, the rebuilt state 2.
+    clock.set(T0 + 11_000 * 1000);
+    let (mut got, mut want) = (0, 0);
+    for _ in 0..L + 1 {
+        let (b, e) = both("rl:{a}:log");
+        assert!(!b || e, "the bounded store admitted what exact denied");
+        got += u64::from(b);
+        want += u64::from(e);
+    }
+    assert_eq!((got, want), (2, 3));
+    assert!(want - got <= 2, "short by more than the amount held");
+    // Just after 15 s (5 s + W) the held amount is gone: no shortfall left.
+    clock.set(T0 + 15_001 * 1000);
+    let (mut got, mut want) = (0, 0);
+    for _ in 0..L + 1 {
+        let (b, e) = both("rl:{b}:log");
+        got += u64::from(b);
+        want += u64::from(e);
+    }
+    assert_eq!((got, want), (L, L));
 }
