@@ -44,11 +44,7 @@ pub struct CheckedJs {
 
 /// `decided`, `failed_open` or `failed_closed`.
 pub(crate) fn verdict_name(verdict: &Verdict) -> &'static str {
-    match verdict {
-        Verdict::Decided => "decided",
-        Verdict::FailedOpen(_) => "failed_open",
-        Verdict::FailedClosed(_) => "failed_closed",
-    }
+    verdict.as_str()
 }
 
 /// The reason's name as `sluice serve`'s JSON spells it (its serde name: `limited`,

@@ -57,14 +57,10 @@ fn duration_ms(value: &Either<String, f64>, what: &str) -> napi::Result<u64> {
 }
 
 fn failure_mode(text: Option<&str>) -> napi::Result<FailureMode> {
-    match text.unwrap_or("open") {
-        "open" => Ok(FailureMode::Open),
-        "closed" => Ok(FailureMode::Closed),
-        "local" => Ok(FailureMode::Local),
-        other => Err(invalid(format!(
-            "unknown failureMode {other:?}: expected \"open\", \"closed\" or \"local\""
-        ))),
-    }
+    // FailureMode's own FromStr: one spelling of the modes everywhere.
+    text.unwrap_or("open")
+        .parse()
+        .map_err(|e| invalid(format!("failureMode: {e}")))
 }
 
 /// A named limit: an algorithm with its parameters, a failure mode, shadow and shards.
@@ -157,12 +153,7 @@ impl Policy {
     /// `open`, `closed` or `local`.
     #[napi(getter)]
     pub fn failure_mode(&self) -> String {
-        match self.inner.failure_mode {
-            FailureMode::Open => "open",
-            FailureMode::Closed => "closed",
-            FailureMode::Local => "local",
-        }
-        .to_string()
+        self.inner.failure_mode.as_str().to_string()
     }
 
     /// True when the policy only counts and never denies.

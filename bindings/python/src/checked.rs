@@ -66,11 +66,7 @@ impl Summary {
             retry_after_ms: lead.wait_ms(),
             reset_after_ms,
             delay_ms: checked.delay_ms(),
-            verdict: match checked.verdict {
-                Verdict::Decided => "decided",
-                Verdict::FailedOpen(_) => "failed_open",
-                Verdict::FailedClosed(_) => "failed_closed",
-            },
+            verdict: checked.verdict.as_str(),
             reason,
             headers,
         }

@@ -204,7 +204,6 @@ pub(crate) fn config_of(arg: &Bound<'_, PyAny>) -> PyResult<Arc<sluice_config::C
     crate::config::load(path)
 }
 
-
 #[pymethods]
 impl PyLimiter {
     /// Connects to `url` (`"memory"`, `redis://`, `rediss://`, `redis+cluster://`);
@@ -259,7 +258,10 @@ impl PyLimiter {
     /// key prefix, `identity_hash_key`, `legacy_headers`, and the file's `[lists]`, `[plans]`
     /// and ban rules, built by the code `sluice serve` uses; awaitable.
     #[staticmethod]
-    fn from_config<'py>(py: Python<'py>, config: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn from_config<'py>(
+        py: Python<'py>,
+        config: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let config = config_of(config)?;
         pyo3_async_runtimes::tokio::future_into_py(py, Self::from_checked(config))
     }
@@ -268,9 +270,7 @@ impl PyLimiter {
     #[staticmethod]
     fn from_config_sync(py: Python<'_>, config: &Bound<'_, PyAny>) -> PyResult<Self> {
         let config = config_of(config)?;
-        py.detach(|| {
-            pyo3_async_runtimes::tokio::get_runtime().block_on(Self::from_checked(config))
-        })
+        py.detach(|| pyo3_async_runtimes::tokio::get_runtime().block_on(Self::from_checked(config)))
     }
 
     /// Checks `policy` for `identity` (or a hashed `credential`) at `cost`; awaitable,

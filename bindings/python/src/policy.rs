@@ -41,14 +41,9 @@ fn rate(text: &str) -> PyResult<Rate> {
 }
 
 fn failure_mode(text: &str) -> PyResult<FailureMode> {
-    match text {
-        "open" => Ok(FailureMode::Open),
-        "closed" => Ok(FailureMode::Closed),
-        "local" => Ok(FailureMode::Local),
-        other => Err(PolicyError::new_err(format!(
-            "unknown failure_mode {other:?}: expected open, closed or local"
-        ))),
-    }
+    // FailureMode's own FromStr: one spelling of the modes everywhere.
+    text.parse()
+        .map_err(|e| PolicyError::new_err(format!("failure_mode: {e}")))
 }
 
 /// The settings every algorithm shares.
@@ -308,11 +303,7 @@ impl PyPolicy {
     /// `open`, `closed` or `local`.
     #[getter]
     fn failure_mode(&self) -> &'static str {
-        match self.inner.failure_mode {
-            FailureMode::Open => "open",
-            FailureMode::Closed => "closed",
-            FailureMode::Local => "local",
-        }
+        self.inner.failure_mode.as_str()
     }
     /// True when the policy only counts and never denies.
     #[getter]
@@ -358,8 +349,8 @@ fn windowed(
 
 /// The policies of a configuration text, by [`sluice_config::parse_policies`].
 fn all_from_toml(text: &str, file: &str) -> PyResult<Vec<PyPolicy>> {
-    let policies =
-        sluice_config::parse_policies(text, file).map_err(|e| ConfigError::new_err(e.to_string()))?;
+    let policies = sluice_config::parse_policies(text, file)
+        .map_err(|e| ConfigError::new_err(e.to_string()))?;
     if policies.is_empty() {
         return Err(ConfigError::new_err(format!(
             "{file}: the TOML has no [policies.NAME] table"

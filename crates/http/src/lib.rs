@@ -31,7 +31,6 @@
 
 pub mod body;
 // Reservations settled from the response's usage (`[routes.reserve]`).
-pub mod settle;
 pub mod count;
 pub mod decide;
 pub mod headers;
@@ -39,6 +38,7 @@ pub mod identity;
 pub mod layer;
 pub mod path;
 pub mod rule;
+pub mod settle;
 pub mod stats;
 
 pub use count::{Count, UpstreamFailed};

@@ -39,7 +39,6 @@ pub mod telemetry;
 pub mod testing;
 mod ui;
 
-
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;

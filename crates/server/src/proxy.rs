@@ -293,12 +293,10 @@ async fn dispatch(State(state): State<ProxyState>, mut req: Request) -> Response
     };
     let prefix = rule.prefix().to_string();
     // One span per proxied request when `[telemetry]` is on; the upstream gets it as parent.
-    let span = (state.shared.telemetry())
-        .start_http(crate::telemetry::Entry::Proxy, req.headers());
+    let span = (state.shared.telemetry()).start_http(crate::telemetry::Entry::Proxy, req.headers());
     span.propagate(req.headers_mut());
-    let status = |r: &Result<Response, Infallible>| {
-        r.as_ref().ok().map(|r| i64::from(r.status().as_u16()))
-    };
+    let status =
+        |r: &Result<Response, Infallible>| r.as_ref().ok().map(|r| i64::from(r.status().as_u16()));
     let res = match span.run(service.clone().oneshot(req), status).await {
         Ok(r) => r,
         Err(never) => match never {},
