@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Deserialize;
 use sluice::control::ControlLimits;
-use sluice::core::algorithm::{Param, Params};
+use sluice::core::algorithm::Param;
 use sluice::core::policy::parse_duration_ms;
 use sluice::{Algorithm, BanRule, ControlConfig, LeakyMode, ListEntry, Policy, Rate};
 use toml::Spanned;
@@ -119,50 +119,11 @@ pub(super) struct RawLists {
     pub deny: Vec<Spanned<String>>,
 }
 
-/// The parameters an algorithm was built from.
-fn params_of(a: &Algorithm) -> Params {
-    let mut p = Params::default();
-    match *a {
-        Algorithm::TokenBucket { capacity, rate } => {
-            p.capacity = Some(capacity);
-            p.rate = Some(rate);
-        }
-        Algorithm::Gcra { rate, burst } => {
-            p.rate = Some(rate);
-            p.burst = Some(burst);
-        }
-        Algorithm::LeakyBucket {
-            capacity,
-            rate,
-            mode,
-        } => {
-            p.capacity = Some(capacity);
-            p.rate = Some(rate);
-            p.mode = Some(mode);
-        }
-        Algorithm::FixedWindow { limit, window_ms }
-        | Algorithm::SlidingWindowCounter { limit, window_ms }
-        | Algorithm::SlidingWindowLog { limit, window_ms } => {
-            p.limit = Some(limit);
-            p.window_ms = Some(window_ms);
-        }
-        Algorithm::CalendarWindow { limit, period } => {
-            p.limit = Some(limit);
-            p.window_ms = Some(period.max_ms());
-        }
-        Algorithm::Concurrency { limit, lease_ms } => {
-            p.limit = Some(limit);
-            p.lease_ms = Some(lease_ms);
-        }
-    }
-    p
-}
-
 /// `policy`'s algorithm with the parameters of `text` laid over its own. Parameters the
 /// algorithm does not take, values that do not parse and invalid results are errors.
 pub fn overlay(policy: &Policy, text: &ParamsText) -> Result<Algorithm, String> {
     let kind = policy.algorithm.algorithm_kind();
-    let mut p = params_of(&policy.algorithm);
+    let mut p = Algorithm::params(&policy.algorithm);
     let given = [
         (Param::Capacity, text.capacity.is_some()),
         (Param::Rate, text.rate.is_some()),
