@@ -82,7 +82,7 @@ pub(in crate::api) fn add_openapi(doc: &mut Value) {
                 "policies": { "type": "array", "items": { "type": "string" }, "minItems": 1, "description": "The ban's scope; every policy when absent" } })) },
         "ListEntry": { "type": "object", "additionalProperties": false,
             "properties": {
-                "entry": { "type": "string", "description": "An identity, an address or a CIDR (matched against ip:, ip6: and Envoy remote_address identities)" },
+                "entry": { "type": "string", "description": "An identity, an address or a CIDR (an address or CIDR matches the client address an identity carries: the client IP of the HTTP layer, or an Envoy remote_address descriptor; never the identity's text)" },
                 "credential": { "type": "string", "description": "Instead of entry: a secret, hashed as /v1/check hashes it" },
                 "entries": { "type": "array", "items": { "type": "string" }, "minItems": 1, "maxItems": MAX_BULK, "description": "POST only, instead of entry: up to 10,000 entries added all or nothing (any invalid entry refuses the call with a 400 listing the errors by index)" },
                 "ttl": duration } }
