@@ -1,9 +1,7 @@
 //! Exposure: the operator endpoints can move to their own listener, and the start-up warns
 //! when a shared store hashes credentials with the public built-in key.
 
-mod common;
-
-use common::{client, start};
+use crate::support::{client, start};
 use serde_json::json;
 use sluice_server::Config;
 

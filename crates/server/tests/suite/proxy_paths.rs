@@ -3,11 +3,9 @@
 //! Express routes to its `/login`, and a path with no safe normal form is answered 400 with
 //! nothing forwarded. The upstreams count what reached their handlers.
 
-mod common;
-
 use std::net::SocketAddr;
 
-use common::start;
+use crate::support::start;
 use sluice_testkit::upstream::Upstream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

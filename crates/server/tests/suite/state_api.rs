@@ -1,9 +1,8 @@
 //! `/v1/state` (read and reset), `/v1/charge` and `/v1/refund` over real HTTP on loopback,
 //! on the embedded store and on two `sluice serve` instances sharing one redis-server.
 
-mod common;
-
-use common::{Redis, client, start};
+use crate::support;
+use crate::support::{Redis, client, start};
 use serde_json::{Value, json};
 
 const POLICIES: &str = r#"
@@ -32,7 +31,7 @@ fn config(extra: &str) -> String {
 
 /// Sends `body` with `method` to `path` with bearer `token`; the status and the JSON answer.
 async fn call(
-    s: &common::TestServer,
+    s: &support::TestServer,
     method: reqwest::Method,
     path: &str,
     token: &str,
@@ -49,7 +48,7 @@ async fn call(
     (status, res.json().await.unwrap())
 }
 
-async fn check(s: &common::TestServer, body: Value) -> Value {
+async fn check(s: &support::TestServer, body: Value) -> Value {
     let (status, v) = call(s, reqwest::Method::POST, "/v1/check", "app", body).await;
     assert_eq!(status, 200);
     v

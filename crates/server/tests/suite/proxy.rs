@@ -1,13 +1,11 @@
 //! The reverse proxy and configuration reload over real HTTP on loopback.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use crate::support::{client, start};
 use axum::body::Body;
 use axum::extract::Request;
-use common::{client, start};
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 

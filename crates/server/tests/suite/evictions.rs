@@ -1,9 +1,7 @@
 //! A flood of fresh identities on the embedded store: the exhausted victim stays denied
 //! through `sluice serve`, and the evictions it caused are counted in `/metrics`.
 
-mod common;
-
-use common::{client, start};
+use crate::support::{client, start};
 use serde_json::{Value, json};
 
 #[tokio::test]

@@ -2,11 +2,10 @@
 //! two `sluice serve` instances sharing one redis-server (a reservation made on one is
 //! settled on the other, once).
 
-mod common;
-
+use crate::support;
 use std::time::Duration;
 
-use common::{Redis, client, start};
+use crate::support::{Redis, client, start};
 use serde_json::{Value, json};
 
 const POLICIES: &str = r#"
@@ -25,7 +24,7 @@ fn config(extra: &str) -> String {
     format!("[server]\napi_token = \"app\"\n{extra}\n{POLICIES}")
 }
 
-async fn post(s: &common::TestServer, path: &str, body: Value) -> (u16, Value) {
+async fn post(s: &support::TestServer, path: &str, body: Value) -> (u16, Value) {
     let res = client()
         .post(s.url(path))
         .bearer_auth("app")
@@ -37,7 +36,7 @@ async fn post(s: &common::TestServer, path: &str, body: Value) -> (u16, Value) {
     (status, res.json().await.unwrap())
 }
 
-async fn reserve(s: &common::TestServer, cost: u64, ttl: Option<u64>) -> Value {
+async fn reserve(s: &support::TestServer, cost: u64, ttl: Option<u64>) -> Value {
     let mut body = json!({"policy": "tokens", "identity": "team:a", "cost": cost});
     if let Some(ttl) = ttl {
         body["ttl"] = json!(ttl);
@@ -47,7 +46,7 @@ async fn reserve(s: &common::TestServer, cost: u64, ttl: Option<u64>) -> Value {
     v
 }
 
-async fn remaining(s: &common::TestServer) -> u64 {
+async fn remaining(s: &support::TestServer) -> u64 {
     let (status, v) = post(
         s,
         "/v1/state",
@@ -59,7 +58,7 @@ async fn remaining(s: &common::TestServer) -> u64 {
 }
 
 /// Reserve, settle below and above the maximum, settle twice, forge, let one run out.
-async fn the_reservation_story(a: &common::TestServer, b: &common::TestServer) {
+async fn the_reservation_story(a: &support::TestServer, b: &support::TestServer) {
     let v = reserve(a, 600, None).await;
     assert_eq!(v["allowed"], true, "{v}");
     assert_eq!(v["remaining"], 400, "{v}");

@@ -2,11 +2,10 @@
 //! on the embedded store, and on two `sluice serve` instances sharing one redis-server (a
 //! change made through one is obeyed by the other within a second).
 
-mod common;
-
+use crate::support;
 use std::time::{Duration, Instant};
 
-use common::{Redis, client, start};
+use crate::support::{Redis, client, start};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -36,7 +35,7 @@ fn config(extra: &str) -> String {
     )
 }
 
-async fn call(s: &common::TestServer, method: Method, path: &str, body: Value) -> (u16, Value) {
+async fn call(s: &support::TestServer, method: Method, path: &str, body: Value) -> (u16, Value) {
     let res = client()
         .request(method, s.url(path))
         .bearer_auth("adm1n")
@@ -48,7 +47,7 @@ async fn call(s: &common::TestServer, method: Method, path: &str, body: Value) -
     (status, res.json().await.unwrap())
 }
 
-async fn check(s: &common::TestServer, policy: &str, who: &str) -> Value {
+async fn check(s: &support::TestServer, policy: &str, who: &str) -> Value {
     let body = json!({"policy": policy, "identity": who});
     let (status, v) = call(s, Method::POST, "/v1/check", body).await;
     assert_eq!(status, 200, "{v}");
@@ -56,7 +55,7 @@ async fn check(s: &common::TestServer, policy: &str, who: &str) -> Value {
 }
 
 /// How many of `n` checks are admitted.
-async fn admitted(s: &common::TestServer, policy: &str, who: &str, n: usize) -> usize {
+async fn admitted(s: &support::TestServer, policy: &str, who: &str, n: usize) -> usize {
     let mut ok = 0;
     for _ in 0..n {
         if check(s, policy, who).await["allowed"] == true {

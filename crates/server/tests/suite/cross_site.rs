@@ -3,19 +3,18 @@
 //! default configuration (loopback, no token). The last test opens such a page in a real
 //! headless Chromium.
 
-mod common;
-
+use crate::support;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use common::{client, start, temp_dir, which};
+use crate::support::{client, start, temp_dir, which};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const POLICY: &str = "[policies.api]\nalgorithm = \"fixed-window\"\nlimit = 3\nwindow = \"1h\"\n";
 
 /// The override of `user:1`, if there is one (the status of `GET /v1/overrides`).
-async fn override_status(s: &common::TestServer) -> u16 {
+async fn override_status(s: &support::TestServer) -> u16 {
     client()
         .get(s.url("/v1/overrides?policy=api&identity=user:1"))
         .send()
@@ -301,7 +300,7 @@ async fn serve_attack_page(sluice: String) -> (u16, tokio::sync::mpsc::Receiver<
     (port, rx)
 }
 
-async fn check(s: &common::TestServer, identity: &str) -> bool {
+async fn check(s: &support::TestServer, identity: &str) -> bool {
     let res = client()
         .post(s.url("/v1/check"))
         .json(&json!({"policy": "api", "identity": identity}))
@@ -336,7 +335,7 @@ async fn a_page_of_another_origin_in_a_real_browser_changes_nothing() {
         assert!(check(&s, victim).await);
     }
     assert!(!check(&s, victim).await, "the limit is used up");
-    let metrics = |s: &common::TestServer| {
+    let metrics = |s: &support::TestServer| {
         let url = s.url("/metrics");
         async move {
             client()

@@ -1,8 +1,7 @@
 //! The Envoy rate limit service over real gRPC on loopback, one test per semantic.
 
-mod common;
-
-use common::{Redis, start_with};
+use crate::support;
+use crate::support::{Redis, start_with};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
     Entry, RateLimitOverride,
@@ -60,7 +59,7 @@ fn toml() -> String {
     "[envoy]\nfiles = [\"edge.yaml\"]\n".to_string()
 }
 
-async fn server() -> (common::TestServer, RateLimitServiceClient<Channel>) {
+async fn server() -> (support::TestServer, RateLimitServiceClient<Channel>) {
     let s = start_with(&toml(), &[("edge.yaml", DOMAIN)]).await;
     let c = RateLimitServiceClient::connect(s.grpc_url()).await.unwrap();
     (s, c)

@@ -1,9 +1,7 @@
 //! `mode = "leased"` through `sluice serve`'s decision API: a configured leased policy is
 //! decided from slices and, on one instance, admits exactly its limit.
 
-mod common;
-
-use common::{client, start};
+use crate::support::{client, start};
 use serde_json::{Value, json};
 
 const CONFIG: &str = r#"

@@ -2,6 +2,8 @@
 //! written to a fresh directory, and stops it.
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
+pub mod listener;
+
 use std::path::PathBuf;
 
 pub use sluice_server::testing::{TestServer, start, start_with, temp_dir};

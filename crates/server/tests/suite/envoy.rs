@@ -1,14 +1,12 @@
 //! End to end with a real Envoy: the documented `examples/envoy/envoy.yaml` (ports changed)
 //! in front of a small upstream, asking sluice over gRPC.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Redis, client, start_with, temp_dir};
+use crate::support::{Redis, client, start_with, temp_dir};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..")

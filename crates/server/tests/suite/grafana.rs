@@ -3,12 +3,10 @@
 //! first while it is fresh (no request yet: every panel must show 0, not "No data"), then
 //! after traffic, a reload and the store's loss.
 
-mod common;
-
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use common::{Redis, client, start};
+use crate::support::{Redis, client, start};
 use serde_json::{Value, json};
 
 /// Every `sluice_*` name in the dashboard's queries.

@@ -6,17 +6,16 @@
 //! settled with the reported usage at the end; a client that leaves, or an upstream that
 //! fails, leaves the whole maximum spent.
 
-mod common;
-
+use crate::support;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::{client, start};
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::Response;
-use common::{client, start};
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
@@ -126,7 +125,7 @@ default = 100
 }
 
 /// What the budget has left for the test client (its address is its identity).
-async fn remaining(s: &common::TestServer) -> u64 {
+async fn remaining(s: &support::TestServer) -> u64 {
     let res = client()
         .post(s.url("/v1/state"))
         .json(&json!({"policy": "tokens", "identity": "ip:127.0.0.1"}))
@@ -138,7 +137,7 @@ async fn remaining(s: &common::TestServer) -> u64 {
 }
 
 /// Waits (at most 5 s) until the budget has `want` left; settles run after the body ended.
-async fn settles_to(s: &common::TestServer, want: u64) {
+async fn settles_to(s: &support::TestServer, want: u64) {
     let until = Instant::now() + Duration::from_secs(5);
     loop {
         let got = remaining(s).await;

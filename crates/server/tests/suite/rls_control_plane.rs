@@ -8,11 +8,10 @@
 //! `remote_address` entry carries (IPv4 and IPv6, also next to a value so long that the
 //! identity is a hash), never a value the client writes that spells a listed address.
 
-mod common;
-
+use crate::support;
 use std::time::{Duration, Instant};
 
-use common::{client, start_with};
+use crate::support::{client, start_with};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
@@ -76,7 +75,7 @@ fn header<'a>(r: &'a RateLimitResponse, name: &str) -> Option<&'a str> {
         .map(|h| h.value.as_str())
 }
 
-async fn call(s: &common::TestServer, method: Method, path: &str, body: Value) -> Value {
+async fn call(s: &support::TestServer, method: Method, path: &str, body: Value) -> Value {
     let res = client()
         .request(method, s.url(path))
         .bearer_auth("adm1n")

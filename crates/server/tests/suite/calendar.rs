@@ -2,9 +2,7 @@
 //! `sluice serve`: the answer's reset and the `RateLimit` header count to the next calendar
 //! boundary, and a rate "per month" says where the calendar window is.
 
-mod common;
-
-use common::{client, start, temp_dir};
+use crate::support::{client, start, temp_dir};
 use serde_json::{Value, json};
 use sluice::core::algorithm::calendar::CalendarPeriod;
 

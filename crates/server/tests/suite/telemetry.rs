@@ -1,5 +1,5 @@
 //! OpenTelemetry trace export against a real OTLP/gRPC receiver: the `opentelemetry-proto`
-//! service definitions served by `grpcio` (tests/telemetry_receiver.py, in the virtualenv of
+//! service definitions served by `grpcio` (tests/suite/support/telemetry_receiver.py, in the virtualenv of
 //! scripts/install-test-deps), started by each test on a free loopback port and killed on drop.
 //! The same process serves a plain HTTP upstream that records the `traceparent` it receives.
 //!
@@ -8,14 +8,13 @@
 //! the decision's attributes and never the credential. Off, nothing is exported; with a dead
 //! collector, decisions are what they would be without telemetry.
 
-mod common;
-
+use crate::support;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{client, start, start_with, temp_dir};
+use crate::support::{client, start, start_with, temp_dir};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
@@ -46,7 +45,8 @@ impl Receiver {
             _ => Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.tools/venv/bin/python"),
         };
         let dir = temp_dir("otlp");
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/telemetry_receiver.py");
+        let script =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/suite/support/telemetry_receiver.py");
         let mut child = Command::new(&python)
             .arg(&script)
             .arg(&dir)
@@ -307,7 +307,7 @@ descriptors:
       requests_per_unit: 1
 "#;
 
-async fn should_rate_limit(s: &common::TestServer, traceparent: Option<&str>) -> i32 {
+async fn should_rate_limit(s: &support::TestServer, traceparent: Option<&str>) -> i32 {
     let mut c = RateLimitServiceClient::connect(s.grpc_url()).await.unwrap();
     let mut req = tonic::Request::new(RateLimitRequest {
         domain: "edge".into(),

@@ -2,14 +2,12 @@
 //! with 408 after their grace period, and under pressure each address has a bounded number of
 //! bodies in progress. Real listeners on loopback, attackers on 127.0.0.2-6.
 
-mod listener_support;
-
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use listener_support::{CHECK, connect_from, metric, metrics_text, request, serve};
+use crate::support::listener::{self, CHECK, connect_from, metric, metrics_text, request, serve};
 use sluice_server::limits::ConnectionLimits;
 use tokio::io::AsyncWriteExt;
 
@@ -155,9 +153,7 @@ async fn a_body_below_the_minimum_rate_ends_with_408_after_the_grace() {
         }
     };
     let _ = tokio::time::timeout(Duration::from_secs(3), trickle).await;
-    let answer = listener_support::read_answer(&mut c)
-        .await
-        .expect("an answer");
+    let answer = listener::read_answer(&mut c).await.expect("an answer");
     assert_eq!(answer.status, 408, "{answer:?}");
     assert!(answer.body.contains("min_body_rate"), "{}", answer.body);
     assert!(started.elapsed() < Duration::from_secs(5));

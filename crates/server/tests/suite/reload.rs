@@ -2,9 +2,8 @@
 //! policies) is refused over `POST /admin/reload`, and the running policies keep being
 //! enforced with their state.
 
-mod common;
-
-use common::{client, start};
+use crate::support;
+use crate::support::{client, start};
 use serde_json::{Value, json};
 
 /// Policies sit in the second half of the file, so its first half is valid TOML without any.
@@ -15,7 +14,7 @@ fn full_config() -> String {
     )
 }
 
-async fn check(s: &common::TestServer) -> Value {
+async fn check(s: &support::TestServer) -> Value {
     let res = client()
         .post(s.url("/v1/check"))
         .json(&json!({"policy": "api", "identity": "user:1"}))

@@ -3,12 +3,10 @@
 //! closed. Real listeners on loopback, a raw HTTP/1.1 client that counts every transport
 //! error.
 
-mod listener_support;
-
 use std::net::IpAddr;
 use std::time::Duration;
 
-use listener_support::{CHECK, connect_from, metric, metrics_text, request, serve};
+use crate::support::listener::{CHECK, connect_from, metric, metrics_text, request, serve};
 use sluice_server::limits::ConnectionLimits;
 use tokio::io::AsyncWriteExt;
 

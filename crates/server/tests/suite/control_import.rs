@@ -4,11 +4,10 @@
 //! refused; on two `sluice serve` instances sharing one redis-server, an import through one
 //! is in force on the other within a second and both report their snapshot's age.
 
-mod common;
-
+use crate::support;
 use std::time::{Duration, Instant};
 
-use common::{Redis, client, start};
+use crate::support::{Redis, client, start};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -25,7 +24,7 @@ fn config(extra: &str) -> String {
 
 /// A call as a trusted operator makes it: the admin token, a JSON body, a loopback host.
 async fn call(
-    s: &common::TestServer,
+    s: &support::TestServer,
     method: Method,
     path: &str,
     body: &Value,
@@ -49,7 +48,7 @@ async fn call(
     (status, ct, res.json().await.unwrap_or(Value::Null))
 }
 
-async fn reason(s: &common::TestServer, who: &str) -> String {
+async fn reason(s: &support::TestServer, who: &str) -> String {
     let body = json!({"policy": "api", "identity": who});
     let (status, _, v) = call(s, Method::POST, "/v1/check", &body).await;
     assert_eq!(status, 200, "{v}");

@@ -3,12 +3,10 @@
 //! and a request whose status never comes (client gone) or that the upstream failed (502,
 //! 504) stays counted. The upstreams count what reached their handlers.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use common::start;
+use crate::support::start;
 use sluice_testkit::upstream::Upstream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

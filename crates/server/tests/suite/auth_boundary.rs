@@ -3,12 +3,10 @@
 //! endpoints move to `server.admin` when it is set, each class of endpoint takes its token,
 //! and durations have one ceiling everywhere.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
-use common::{client, start, temp_dir};
+use crate::support::{client, start, temp_dir};
 use reqwest::Method;
 use serde_json::{Value, json};
 use sluice_server::cli::{ServeArgs, load};

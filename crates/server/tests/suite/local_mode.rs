@@ -1,9 +1,7 @@
 //! `failure_mode = "local"` through `sluice serve`: with Redis gone, a policy is decided by
 //! the instance's embedded store at its limit times `local_share`, never failed open.
 
-mod common;
-
-use common::{Redis, client, start};
+use crate::support::{Redis, client, start};
 use serde_json::{Value, json};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

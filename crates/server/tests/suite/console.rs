@@ -2,12 +2,11 @@
 //! on a real redis-server, the page and its embedded assets, and the page itself in a real
 //! headless Chromium driven over WebDriver (chromedriver) while traffic flows.
 
-mod common;
-
+use crate::support;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Redis, client, start, which};
+use crate::support::{Redis, client, start, which};
 use reqwest::Method;
 use serde_json::{Value, json};
 
@@ -37,7 +36,7 @@ shadow = true
 }
 
 async fn call(
-    s: &common::TestServer,
+    s: &support::TestServer,
     method: Method,
     path: &str,
     body: Option<Value>,
@@ -51,7 +50,7 @@ async fn call(
     (status, res.json().await.unwrap_or(Value::Null))
 }
 
-async fn check(s: &common::TestServer, policy: &str, who: &str) -> Value {
+async fn check(s: &support::TestServer, policy: &str, who: &str) -> Value {
     let (status, v) = call(
         s,
         Method::POST,
@@ -495,7 +494,7 @@ async fn the_console_in_a_real_browser() {
         return;
     }
     let s = start(&config("memory")).await;
-    let profile = common::temp_dir("chromium");
+    let profile = support::temp_dir("chromium");
     let driver = Driver::start(&profile).await;
 
     // Traffic while the page is open: bounded in count and time.
@@ -724,7 +723,7 @@ async fn the_proxy_and_the_envoy_service_are_counted() {
          [[routes]]\nprefix = \"/api\"\npolicies = [\"per-key\"]\nupstream = \"http://{up}\"\n",
         "cd".repeat(32)
     );
-    let s = common::start_with(&toml, &[("edge.yaml", domain)]).await;
+    let s = support::start_with(&toml, &[("edge.yaml", domain)]).await;
     // Proxy: 3 requests with one API key (2 admitted, 1 denied).
     let mut codes = Vec::new();
     for _ in 0..3 {

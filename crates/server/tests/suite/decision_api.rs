@@ -1,8 +1,7 @@
 //! The HTTP decision API, health, metrics and admin endpoints over real HTTP on loopback.
 
-mod common;
-
-use common::{client, start};
+use crate::support;
+use crate::support::{client, start};
 use serde_json::{Value, json};
 
 const CONFIG: &str = r#"
@@ -39,7 +38,7 @@ window = "1h"
 shadow = true
 "#;
 
-async fn check(base: &common::TestServer, body: Value) -> Value {
+async fn check(base: &support::TestServer, body: Value) -> Value {
     let res = client()
         .post(base.url("/v1/check"))
         .json(&body)
@@ -208,7 +207,7 @@ async fn global_shadow_never_denies() {
 }
 
 async fn bad(
-    s: &common::TestServer,
+    s: &support::TestServer,
     body: reqwest::Body,
     content_type: &str,
     status: u16,
@@ -470,7 +469,7 @@ async fn redis_keys(port: u16) -> Vec<String> {
 #[tokio::test]
 async fn a_credential_is_hashed_exactly_as_the_proxy_hashes_an_api_key() {
     let redis =
-        common::Redis::start().expect("redis-server is needed: run scripts/install-test-deps");
+        support::Redis::start().expect("redis-server is needed: run scripts/install-test-deps");
     let up = ok_upstream().await;
     let toml = format!(
         r#"
