@@ -14,7 +14,18 @@ export interface CommonOptions {
   shadow?: boolean;
   /** Split each identity's state over this many keys (hot keys on Redis Cluster; default 1). */
   shards?: number;
+  /**
+   * `"exact"` (default: one store call per check) or `"leased"`: the instance takes slices of
+   * the quota in one store call and spends them locally; never admits more than the limit,
+   * may under-admit by what other instances hold (token bucket, GCRA, fixed window only).
+   */
+  mode?: DecisionMode;
+  /** Leased mode: the longest a slice is spent before it goes back (default `"1s"`, at most `"60s"`). */
+  leaseTtl?: Duration;
 }
+
+/** How an instance decides a policy's checks. */
+export type DecisionMode = 'exact' | 'leased';
 
 export interface TokenBucketOptions extends CommonOptions {
   capacity: number;
@@ -31,8 +42,8 @@ export interface LeakyBucketOptions extends CommonOptions {
   capacity: number;
   /** Drain rate such as `"5/s"`. */
   rate: string;
-  /** `"policing"` (default: deny when full) or `"shaping"` (delay). */
-  mode?: 'policing' | 'shaping';
+  /** `"policing"` (default: deny when full) or `"shaping"` (delay); or a decision mode. */
+  mode?: 'policing' | 'shaping' | DecisionMode;
 }
 export interface WindowOptions extends CommonOptions {
   limit: number;
@@ -71,6 +82,10 @@ export declare class Policy {
   readonly failureMode: FailureMode;
   readonly shadow: boolean;
   readonly shards: number;
+  /** `"exact"` or `"leased"`. */
+  readonly decisionMode: DecisionMode;
+  /** Leased mode: the longest a slice is spent, in ms (`null` in exact mode). */
+  readonly leaseTtlMs: number | null;
 }
 
 export interface ConnectOptions {

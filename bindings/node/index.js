@@ -11,8 +11,8 @@ const native = require('./lib/addon.js').load();
 const NativePolicy = native.Policy;
 const NativeLimiter = native.Limiter;
 
-/** Options every algorithm takes. */
-const COMMON = ['failureMode', 'shadow', 'shards'];
+/** Options every algorithm takes (`mode` is the decision mode, `exact` or `leased`). */
+const COMMON = ['failureMode', 'shadow', 'shards', 'mode', 'leaseTtl'];
 
 /**
  * The algorithms, asked of the core registry (`algorithms()` in src/config.rs): one
@@ -65,7 +65,7 @@ function checkOptionNames(method, options) {
   for (const [, params] of Object.values(ALGORITHMS)) for (const p of params) known.add(p);
   for (const k of Object.keys(options)) {
     if (!known.has(k)) {
-      const own = [...ALGORITHMS[method][1], ...COMMON].join(', ');
+      const own = [...new Set([...ALGORITHMS[method][1], ...COMMON])].join(', ');
       throw invalidArg(`Policy.${method}: unknown option ${JSON.stringify(k)} (it takes ${own})`);
     }
   }

@@ -12,7 +12,7 @@ use napi::Either;
 use napi_derive::napi;
 use sluice::core::algorithm::{AlgorithmKind, Params};
 use sluice::core::policy::parse_duration_ms;
-use sluice::{FailureMode, LeakyMode, Rate};
+use sluice::{DecisionMode, FailureMode, LeakyMode, Rate};
 
 use crate::{invalid, number, whole};
 
@@ -30,8 +30,12 @@ pub struct PolicyOptions {
     pub limit: Option<f64>,
     /// Window length: `"10s"`, `"1m"`, or a number of seconds.
     pub window: Option<Either<String, f64>>,
-    /// Leaky bucket: `"policing"` (default) or `"shaping"`.
+    /// The decision mode, `"exact"` (default) or `"leased"` (slices of the quota spent
+    /// locally, as `mode = "leased"` in `sluice.toml`); a leaky bucket's `"policing"`
+    /// (default) or `"shaping"`.
     pub mode: Option<String>,
+    /// Leased mode: the longest an instance spends a slice (`"1s"` default, or seconds).
+    pub lease_ttl: Option<Either<String, f64>>,
     /// Concurrency: how long an unreleased lease lives (`"30s"` default, or seconds).
     pub lease: Option<Either<String, f64>>,
     /// `"open"` (default), `"closed"` or `"local"`.
@@ -54,6 +58,41 @@ fn duration_ms(value: &Either<String, f64>, what: &str) -> napi::Result<u64> {
             })
         }
     }
+}
+
+/// `mode` and `leaseTtl` split as `sluice.toml` splits them: `"exact"` and `"leased"` are the
+/// decision mode of any algorithm, any other `mode` is a leaky bucket's policing or shaping.
+fn modes(
+    kind: AlgorithmKind,
+    mode: Option<&str>,
+    lease_ttl: Option<&Either<String, f64>>,
+) -> napi::Result<(DecisionMode, Option<LeakyMode>)> {
+    let decision = match mode {
+        Some("leased") => DecisionMode::Leased {
+            ttl_ms: match lease_ttl {
+                None => DecisionMode::DEFAULT_LEASE_TTL_MS,
+                Some(ttl) => duration_ms(ttl, "leaseTtl")?,
+            },
+        },
+        _ if lease_ttl.is_some() => {
+            return Err(invalid(
+                "leaseTtl: only a policy with mode: \"leased\" takes leaseTtl",
+            ));
+        }
+        _ => DecisionMode::Exact,
+    };
+    let leaky = match mode {
+        None | Some("exact" | "leased") => None,
+        Some(m) if kind == AlgorithmKind::LeakyBucket => {
+            Some(LeakyMode::from_str(m).map_err(|e| invalid(format!("mode: {e}")))?)
+        }
+        Some(m) => {
+            return Err(invalid(format!(
+                "mode must be \"exact\" or \"leased\", not {m:?}"
+            )));
+        }
+    };
+    Ok((decision, leaky))
 }
 
 fn failure_mode(text: Option<&str>) -> napi::Result<FailureMode> {
@@ -81,6 +120,7 @@ impl Policy {
     ) -> napi::Result<Self> {
         let o = options.unwrap_or_default();
         let kind = AlgorithmKind::from_str(&algorithm).map_err(|e| invalid(e.to_string()))?;
+        let (decision_mode, leaky_mode) = modes(kind, o.mode.as_deref(), o.lease_ttl.as_ref())?;
         let params = Params {
             capacity: o.capacity.map(|v| whole(v, "capacity")).transpose()?,
             rate: o
@@ -95,11 +135,7 @@ impl Policy {
                 .as_ref()
                 .map(|w| duration_ms(w, "window"))
                 .transpose()?,
-            mode: o
-                .mode
-                .as_deref()
-                .map(|m| LeakyMode::from_str(m).map_err(|e| invalid(e.to_string())))
-                .transpose()?,
+            mode: leaky_mode,
             lease_ms: o
                 .lease
                 .as_ref()
@@ -116,7 +152,7 @@ impl Policy {
             failure_mode: failure_mode(o.failure_mode.as_deref())?,
             shadow: o.shadow.unwrap_or(false),
             shards: o.shards.unwrap_or(1),
-            mode: sluice::core::DecisionMode::Exact,
+            mode: decision_mode,
         };
         policy
             .validate()
@@ -166,5 +202,24 @@ impl Policy {
     #[napi(getter)]
     pub fn shards(&self) -> u32 {
         self.inner.shards
+    }
+
+    /// `exact` or `leased`: how an instance decides this policy's checks.
+    #[napi(getter)]
+    pub fn decision_mode(&self) -> String {
+        match self.inner.mode {
+            DecisionMode::Exact => "exact",
+            DecisionMode::Leased { .. } => "leased",
+        }
+        .to_string()
+    }
+
+    /// Leased mode: the longest a slice is spent, in ms (`null` in exact mode).
+    #[napi(getter)]
+    pub fn lease_ttl_ms(&self) -> Option<f64> {
+        match self.inner.mode {
+            DecisionMode::Exact => None,
+            DecisionMode::Leased { ttl_ms } => Some(number(ttl_ms)),
+        }
     }
 }
