@@ -96,58 +96,7 @@ fn requests_total(outcome: &'static str) {
 mod tests {
     use super::*;
 
-    /// Notes the name and labels of every counter it is asked for.
-    #[derive(Debug, Default)]
-    struct CounterKeys(std::sync::Mutex<Vec<String>>);
-
-    impl metrics::Recorder for CounterKeys {
-        fn describe_counter(
-            &self,
-            _: metrics::KeyName,
-            _: Option<metrics::Unit>,
-            _: metrics::SharedString,
-        ) {
-        }
-        fn describe_gauge(
-            &self,
-            _: metrics::KeyName,
-            _: Option<metrics::Unit>,
-            _: metrics::SharedString,
-        ) {
-        }
-        fn describe_histogram(
-            &self,
-            _: metrics::KeyName,
-            _: Option<metrics::Unit>,
-            _: metrics::SharedString,
-        ) {
-        }
-        fn register_counter(
-            &self,
-            key: &metrics::Key,
-            _: &metrics::Metadata<'_>,
-        ) -> metrics::Counter {
-            let labels: Vec<String> = key
-                .labels()
-                .map(|l| format!("{}={}", l.key(), l.value()))
-                .collect();
-            self.0
-                .lock()
-                .unwrap()
-                .push(format!("{}{{{}}}", key.name(), labels.join(",")));
-            metrics::Counter::noop()
-        }
-        fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-            metrics::Gauge::noop()
-        }
-        fn register_histogram(
-            &self,
-            _: &metrics::Key,
-            _: &metrics::Metadata<'_>,
-        ) -> metrics::Histogram {
-            metrics::Histogram::noop()
-        }
-    }
+    use sluice_testkit::metrics::KeyLog;
 
     #[test]
     fn every_outcome_is_counted_under_its_own_label() {
@@ -164,12 +113,12 @@ mod tests {
             "bad_path",
             "some_new_outcome",
         ];
-        let keys = CounterKeys::default();
-        metrics::with_local_recorder(&keys, || outcomes.iter().for_each(|o| requests_total(o)));
+        let log = KeyLog::default();
+        metrics::with_local_recorder(&log, || outcomes.iter().for_each(|o| requests_total(o)));
         let want: Vec<String> = outcomes
             .iter()
             .map(|o| format!("sluice_http_requests_total{{outcome={o}}}"))
             .collect();
-        assert_eq!(*keys.0.lock().unwrap(), want);
+        assert_eq!(log.keys(), want);
     }
 }

@@ -120,70 +120,19 @@ fn store_duration(kind: &'static str, secs: f64) {
 
 #[cfg(test)]
 mod tests {
-    /// Notes the name and labels of every histogram it is asked for.
-    #[derive(Debug, Default)]
-    struct HistogramKeys(std::sync::Mutex<Vec<String>>);
-
-    impl metrics::Recorder for HistogramKeys {
-        fn describe_counter(
-            &self,
-            _: metrics::KeyName,
-            _: Option<metrics::Unit>,
-            _: metrics::SharedString,
-        ) {
-        }
-        fn describe_gauge(
-            &self,
-            _: metrics::KeyName,
-            _: Option<metrics::Unit>,
-            _: metrics::SharedString,
-        ) {
-        }
-        fn describe_histogram(
-            &self,
-            _: metrics::KeyName,
-            _: Option<metrics::Unit>,
-            _: metrics::SharedString,
-        ) {
-        }
-        fn register_counter(
-            &self,
-            _: &metrics::Key,
-            _: &metrics::Metadata<'_>,
-        ) -> metrics::Counter {
-            metrics::Counter::noop()
-        }
-        fn register_gauge(&self, _: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
-            metrics::Gauge::noop()
-        }
-        fn register_histogram(
-            &self,
-            key: &metrics::Key,
-            _: &metrics::Metadata<'_>,
-        ) -> metrics::Histogram {
-            let labels: Vec<String> = key
-                .labels()
-                .map(|l| format!("{}={}", l.key(), l.value()))
-                .collect();
-            self.0
-                .lock()
-                .unwrap()
-                .push(format!("{}{{{}}}", key.name(), labels.join(",")));
-            metrics::Histogram::noop()
-        }
-    }
+    use sluice_testkit::metrics::KeyLog;
 
     #[test]
     fn store_duration_is_labelled_with_the_store_kind() {
         let kinds = ["memory", "redis", "redis-cluster", "another-store"];
-        let keys = HistogramKeys::default();
-        metrics::with_local_recorder(&keys, || {
+        let log = KeyLog::default();
+        metrics::with_local_recorder(&log, || {
             kinds.iter().for_each(|k| super::store_duration(k, 0.001))
         });
         let want: Vec<String> = kinds
             .iter()
             .map(|k| format!("sluice_store_duration_seconds{{store={k}}}"))
             .collect();
-        assert_eq!(*keys.0.lock().unwrap(), want);
+        assert_eq!(log.keys(), want);
     }
 }
