@@ -12,7 +12,7 @@ use std::sync::Arc;
 use pyo3::prelude::*;
 use sluice::core::algorithm::{AlgorithmKind, Params};
 use sluice::core::policy::parse_duration_ms;
-use sluice::{FailureMode, LeakyMode, Policy, Rate};
+use sluice::{DecisionMode, FailureMode, LeakyMode, Policy, Rate};
 
 use crate::{ConfigError, PolicyError};
 
@@ -46,11 +46,30 @@ fn failure_mode(text: &str) -> PyResult<FailureMode> {
         .map_err(|e| PolicyError::new_err(format!("failure_mode: {e}")))
 }
 
+/// `mode` and `lease_ttl` as `sluice.toml` spells them: `"exact"` (one store call per check)
+/// or `"leased"` (slices of the quota spent locally, each for at most `lease_ttl`).
+fn decision_mode(mode: &str, lease_ttl: Option<&DurationArg>) -> PyResult<DecisionMode> {
+    match (mode, lease_ttl) {
+        ("exact", None) => Ok(DecisionMode::Exact),
+        ("exact", Some(_)) => Err(PolicyError::new_err(
+            "lease_ttl: only a policy with mode=\"leased\" takes lease_ttl",
+        )),
+        ("leased", None) => Ok(DecisionMode::leased()),
+        ("leased", Some(ttl)) => Ok(DecisionMode::Leased {
+            ttl_ms: ttl.millis("lease_ttl")?,
+        }),
+        (other, _) => Err(PolicyError::new_err(format!(
+            "mode must be \"exact\" or \"leased\", not {other:?}"
+        ))),
+    }
+}
+
 /// The settings every algorithm shares.
 struct Common<'a> {
     failure_mode: &'a str,
     shadow: bool,
     shards: u32,
+    mode: DecisionMode,
 }
 
 /// Builds and validates a policy from registry parameters.
@@ -65,7 +84,7 @@ fn build(name: &str, kind: AlgorithmKind, params: &Params, common: Common<'_>) -
         failure_mode: failure_mode(common.failure_mode)?,
         shadow: common.shadow,
         shards: common.shards,
-        mode: sluice::core::DecisionMode::Exact,
+        mode: common.mode,
     };
     policy
         .validate()
@@ -90,11 +109,14 @@ impl PyPolicy {
 impl PyPolicy {
     /// A bucket of `capacity` tokens refilled at `rate` (`"5/s"`).
     #[staticmethod]
-    #[pyo3(signature = (name, *, capacity, rate, failure_mode="open", shadow=false, shards=1))]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (name, *, capacity, rate, mode="exact", lease_ttl=None, failure_mode="open", shadow=false, shards=1))]
     fn token_bucket(
         name: &str,
         capacity: u64,
         rate: &str,
+        mode: &str,
+        lease_ttl: Option<DurationArg>,
         failure_mode: &str,
         shadow: bool,
         shards: u32,
@@ -108,17 +130,21 @@ impl PyPolicy {
             failure_mode,
             shadow,
             shards,
+            mode: decision_mode(mode, lease_ttl.as_ref())?,
         };
         build(name, AlgorithmKind::TokenBucket, &params, common).map(Self::of)
     }
 
     /// GCRA (redis-cell's parameters): a steady `rate` plus `burst` extra requests.
     #[staticmethod]
-    #[pyo3(signature = (name, *, rate, burst=0, failure_mode="open", shadow=false, shards=1))]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (name, *, rate, burst=0, mode="exact", lease_ttl=None, failure_mode="open", shadow=false, shards=1))]
     fn gcra(
         name: &str,
         rate: &str,
         burst: u64,
+        mode: &str,
+        lease_ttl: Option<DurationArg>,
         failure_mode: &str,
         shadow: bool,
         shards: u32,
@@ -132,44 +158,62 @@ impl PyPolicy {
             failure_mode,
             shadow,
             shards,
+            mode: decision_mode(mode, lease_ttl.as_ref())?,
         };
         build(name, AlgorithmKind::Gcra, &params, common).map(Self::of)
     }
 
-    /// A bucket of `capacity` draining at `rate`; `mode` is `"policing"` or `"shaping"`.
+    /// A bucket of `capacity` draining at `rate`; `mode` is `"policing"` or `"shaping"` (or the
+    /// decision mode `"exact"`, with policing, as `sluice.toml` reads it).
     #[staticmethod]
-    #[pyo3(signature = (name, *, capacity, rate, mode="policing", failure_mode="open", shadow=false, shards=1))]
+    #[pyo3(signature = (name, *, capacity, rate, mode="policing", lease_ttl=None, failure_mode="open", shadow=false, shards=1))]
     #[allow(clippy::too_many_arguments)]
     fn leaky_bucket(
         name: &str,
         capacity: u64,
         rate: &str,
         mode: &str,
+        lease_ttl: Option<DurationArg>,
         failure_mode: &str,
         shadow: bool,
         shards: u32,
     ) -> PyResult<Self> {
+        // "exact" and "leased" name the decision mode; anything else the bucket's own.
+        let (leaky, decision) = match mode {
+            "exact" | "leased" => (
+                LeakyMode::Policing,
+                decision_mode(mode, lease_ttl.as_ref())?,
+            ),
+            other => (
+                LeakyMode::from_str(other).map_err(|e| PolicyError::new_err(e.to_string()))?,
+                decision_mode("exact", lease_ttl.as_ref())?,
+            ),
+        };
         let params = Params {
             capacity: Some(capacity),
             rate: Some(self::rate(rate)?),
-            mode: Some(LeakyMode::from_str(mode).map_err(|e| PolicyError::new_err(e.to_string()))?),
+            mode: Some(leaky),
             ..Params::default()
         };
         let common = Common {
             failure_mode,
             shadow,
             shards,
+            mode: decision,
         };
         build(name, AlgorithmKind::LeakyBucket, &params, common).map(Self::of)
     }
 
     /// `limit` requests per `window`, windows aligned to the Unix epoch.
     #[staticmethod]
-    #[pyo3(signature = (name, *, limit, window, failure_mode="open", shadow=false, shards=1))]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (name, *, limit, window, mode="exact", lease_ttl=None, failure_mode="open", shadow=false, shards=1))]
     fn fixed_window(
         name: &str,
         limit: u64,
         window: DurationArg,
+        mode: &str,
+        lease_ttl: Option<DurationArg>,
         failure_mode: &str,
         shadow: bool,
         shards: u32,
@@ -178,17 +222,21 @@ impl PyPolicy {
             failure_mode,
             shadow,
             shards,
+            mode: decision_mode(mode, lease_ttl.as_ref())?,
         };
         windowed(name, AlgorithmKind::FixedWindow, limit, &window, common)
     }
 
     /// `limit` per sliding `window`, estimated from the current and previous fixed windows.
     #[staticmethod]
-    #[pyo3(signature = (name, *, limit, window, failure_mode="open", shadow=false, shards=1))]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (name, *, limit, window, mode="exact", lease_ttl=None, failure_mode="open", shadow=false, shards=1))]
     fn sliding_counter(
         name: &str,
         limit: u64,
         window: DurationArg,
+        mode: &str,
+        lease_ttl: Option<DurationArg>,
         failure_mode: &str,
         shadow: bool,
         shards: u32,
@@ -197,6 +245,7 @@ impl PyPolicy {
             failure_mode,
             shadow,
             shards,
+            mode: decision_mode(mode, lease_ttl.as_ref())?,
         };
         windowed(
             name,
@@ -209,11 +258,14 @@ impl PyPolicy {
 
     /// Exactly `limit` per sliding `window` (a log of admitted requests).
     #[staticmethod]
-    #[pyo3(signature = (name, *, limit, window, failure_mode="open", shadow=false, shards=1))]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (name, *, limit, window, mode="exact", lease_ttl=None, failure_mode="open", shadow=false, shards=1))]
     fn sliding_log(
         name: &str,
         limit: u64,
         window: DurationArg,
+        mode: &str,
+        lease_ttl: Option<DurationArg>,
         failure_mode: &str,
         shadow: bool,
         shards: u32,
@@ -222,6 +274,7 @@ impl PyPolicy {
             failure_mode,
             shadow,
             shards,
+            mode: decision_mode(mode, lease_ttl.as_ref())?,
         };
         windowed(
             name,
@@ -234,11 +287,14 @@ impl PyPolicy {
 
     /// At most `limit` requests in flight; a lease not released expires after `lease`.
     #[staticmethod]
-    #[pyo3(signature = (name, *, limit, lease=DurationArg::Seconds(30), failure_mode="open", shadow=false, shards=1))]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (name, *, limit, lease=DurationArg::Seconds(30), mode="exact", lease_ttl=None, failure_mode="open", shadow=false, shards=1))]
     fn concurrency(
         name: &str,
         limit: u64,
         lease: DurationArg,
+        mode: &str,
+        lease_ttl: Option<DurationArg>,
         failure_mode: &str,
         shadow: bool,
         shards: u32,
@@ -252,6 +308,7 @@ impl PyPolicy {
             failure_mode,
             shadow,
             shards,
+            mode: decision_mode(mode, lease_ttl.as_ref())?,
         };
         build(name, AlgorithmKind::Concurrency, &params, common).map(Self::of)
     }
@@ -279,6 +336,22 @@ impl PyPolicy {
         all_from_toml(text, file)
     }
 
+    /// `"exact"` or `"leased"`: how an instance decides this policy's checks.
+    #[getter]
+    fn decision_mode(&self) -> &'static str {
+        match self.inner.mode {
+            DecisionMode::Exact => "exact",
+            DecisionMode::Leased { .. } => "leased",
+        }
+    }
+    /// Leased mode: the longest a slice is spent, in milliseconds (`None` in exact mode).
+    #[getter]
+    fn lease_ttl_ms(&self) -> Option<u64> {
+        match self.inner.mode {
+            DecisionMode::Exact => None,
+            DecisionMode::Leased { ttl_ms } => Some(ttl_ms),
+        }
+    }
     /// The policy's name (part of key names and header values).
     #[getter]
     fn name(&self) -> &str {
