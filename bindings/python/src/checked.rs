@@ -104,14 +104,26 @@ pub(crate) async fn release_all(limiter: &Limiter, leases: &[Lease]) -> Result<u
     }
 }
 
-/// The answer to `Limiter.check`.
-#[pyclass(name = "Checked", module = "sluice", frozen)]
+/// The answer to `Limiter.check`, and the base of `Reservation` (the check of its maximum).
+#[pyclass(name = "Checked", module = "sluice", frozen, subclass)]
 #[derive(Debug)]
 pub struct PyChecked {
     pub(crate) summary: Summary,
     pub(crate) limiter: Limiter,
     /// Concurrency leases taken by the check; taken out by `release`.
     pub(crate) leases: parking_lot::Mutex<Vec<Lease>>,
+}
+
+impl PyChecked {
+    /// The Python view of `checked`, with headers as `opts` say; takes its concurrency
+    /// leases, which `release` gives back through `limiter`.
+    pub(crate) fn new(checked: &mut Checked, limiter: Limiter, opts: &HeaderOptions) -> Self {
+        Self {
+            summary: Summary::of(checked, opts),
+            limiter,
+            leases: parking_lot::Mutex::new(std::mem::take(&mut checked.leases)),
+        }
+    }
 }
 
 #[pymethods]

@@ -16,7 +16,7 @@ use sluice_http::HeaderOptions;
 use sluice_http::identity::api_key_identity;
 
 use crate::StoreError;
-use crate::checked::{PyChecked, Summary};
+use crate::checked::PyChecked;
 use crate::config::PyConfig;
 use crate::policy::PyPolicy;
 
@@ -136,11 +136,7 @@ impl CheckJob {
             .limiter
             .check(&self.identity, &self.policy, self.cost)
             .await;
-        PyChecked {
-            summary: Summary::of(&checked, &self.headers),
-            limiter: self.limiter,
-            leases: parking_lot::Mutex::new(std::mem::take(&mut checked.leases)),
-        }
+        PyChecked::new(&mut checked, self.limiter, &self.headers)
     }
 }
 
@@ -333,7 +329,7 @@ impl PyLimiter {
         max_cost: u64,
         ttl_ms: u64,
         credential: Option<Secret>,
-    ) -> PyResult<crate::reservation::PyReservation> {
+    ) -> PyResult<Py<crate::reservation::PyReservation>> {
         let identity = identity_of(identity, credential, &self.hash_key)?;
         let (limiter, policy) = (self.limiter.clone(), Arc::clone(&policy.inner));
         let reserve =

@@ -13,18 +13,17 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
 use sluice::{Identity, Limiter, Policy, Reservation, SettleError, Settled};
 use sluice_http::HeaderOptions;
 
 use crate::StoreError;
-use crate::checked::Summary;
+use crate::checked::PyChecked;
 
-/// An admitted (or denied) reservation: the check of the maximum, and the handle to settle.
-#[pyclass(name = "Reservation", module = "sluice", frozen)]
+/// An admitted (or denied) reservation: a `Checked` (the check of the maximum, so its
+/// numbers and headers read as a check's do), and the handle to settle.
+#[pyclass(name = "Reservation", module = "sluice", frozen, extends = PyChecked)]
 #[derive(Debug)]
 pub struct PyReservation {
-    summary: Summary,
     id: Option<String>,
     max_cost: u64,
     /// Taken by the first settle.
@@ -90,20 +89,21 @@ pub(crate) async fn reserve(
     identity: Identity,
     max_cost: u64,
     ttl_ms: u64,
-) -> PyResult<PyReservation> {
-    let reserved = limiter
+) -> PyResult<Py<PyReservation>> {
+    let mut reserved = limiter
         .reserve(&identity, &policy, max_cost, Duration::from_millis(ttl_ms))
         .await
         .map_err(|e| match e {
             sluice::StoreError::Invalid(m) => PyValueError::new_err(m),
             other => StoreError::new_err(format!("could not reserve: {other}")),
         })?;
-    Ok(PyReservation {
-        summary: Summary::of(&reserved.checked, &headers),
+    let checked = PyChecked::new(&mut reserved.checked, limiter, &headers);
+    let reservation = PyReservation {
         id: reserved.reservation.as_ref().map(|r| r.id().to_string()),
         max_cost,
         handle: Mutex::new(reserved.reservation),
-    })
+    };
+    Python::attach(|py| Py::new(py, (reservation, checked)))
 }
 
 /// Settles the reservation `id` with `cost`.
@@ -117,11 +117,6 @@ pub(crate) async fn settle(limiter: Limiter, id: String, cost: u64) -> PyResult<
 
 #[pymethods]
 impl PyReservation {
-    /// Whether the request may go ahead (its maximum is reserved when `id` is set).
-    #[getter]
-    fn allowed(&self) -> bool {
-        self.summary.allowed
-    }
     /// The id that settles it from any process sharing the store; `None` when denied, or
     /// admitted without consuming (failed open, allow-listed): nothing to settle.
     #[getter]
@@ -133,31 +128,6 @@ impl PyReservation {
     fn max_cost(&self) -> u64 {
         self.max_cost
     }
-    /// What is left of the budget with the maximum reserved.
-    #[getter]
-    fn remaining(&self) -> u64 {
-        self.summary.remaining
-    }
-    /// The policy's quota.
-    #[getter]
-    fn limit(&self) -> u64 {
-        self.summary.limit
-    }
-    /// How long until a denied reservation would fit, in ms.
-    #[getter]
-    fn retry_after_ms(&self) -> u64 {
-        self.summary.retry_after_ms
-    }
-    /// `RateLimit-Policy`, `RateLimit` and, on a denial, `Retry-After`, as a dict.
-    #[getter]
-    fn headers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let d = PyDict::new(py);
-        for (n, v) in &self.summary.headers {
-            d.set_item(n, v)?;
-        }
-        Ok(d)
-    }
-
     /// Settles it with the real `cost`; awaitable giving a `Settled`. Raises `RuntimeError`
     /// when settled already or never reserved, `StoreError` when the store failed (the
     /// reservation then counts in full).
@@ -183,14 +153,16 @@ impl PyReservation {
         })
     }
 
-    fn __bool__(&self) -> bool {
-        self.summary.allowed
-    }
-
-    fn __repr__(&self) -> String {
+    fn __repr__(slf: PyRef<'_, Self>) -> String {
         format!(
             "Reservation(allowed={}, id={:?}, max_cost={})",
-            self.summary.allowed, self.id, self.max_cost
+            if slf.as_super().summary.allowed {
+                "True"
+            } else {
+                "False"
+            },
+            slf.id,
+            slf.max_cost
         )
     }
 }

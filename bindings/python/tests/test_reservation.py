@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from sluice import Limiter, Policy, Reservation, Settled
+from sluice import Checked, Limiter, Policy, Reservation, Settled
 
 BUDGET = 1000
 
@@ -19,11 +19,15 @@ def test_reserve_settle_once_on_the_embedded_store(ident):
     tokens = budget()
     r = limiter.reserve_sync(tokens, ident, max_cost=600)
     assert isinstance(r, Reservation)
+    # A reservation is the check of its maximum: it reads as a Checked does.
+    assert isinstance(r, Checked)
+    assert (r.verdict, r.limit, r.reason) == ("decided", BUDGET, None)
     assert r.allowed and r.id is not None and len(r.id) == 32
     assert (r.max_cost, r.remaining) == (600, 400)
     # 600 are held: 500 more do not fit, and nothing is reserved for a denial.
     denied = limiter.reserve_sync(tokens, ident, max_cost=500)
     assert not denied.allowed and denied.id is None
+    assert (denied.reason, denied.retry_after_ms > 0) == ("limited", True)
     assert "Retry-After" in denied.headers
     with pytest.raises(RuntimeError, match="nothing to settle"):
         denied.settle_sync(0)
