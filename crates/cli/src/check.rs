@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use clap::Args;
 use serde::Serialize;
-use sluice::{Identity, Limiter, Policy, StoreOptions, Verdict};
+use sluice::{Identity, Limiter, StoreOptions, Verdict};
 use sluice_core::policy::parse_duration_ms;
 
 use crate::policy_args::PolicyArgs;
@@ -67,12 +67,12 @@ fn is_zero(v: &u64) -> bool {
 /// Runs `sluice check`, writing to `out`. Returns an error message for bad arguments or an
 /// unreachable store.
 pub async fn run(args: &CheckArgs, out: &mut dyn Write) -> Result<(), String> {
-    let algorithm = args.policy.algorithm()?;
-    let name = args
-        .name
-        .clone()
-        .unwrap_or_else(|| algorithm.kind().to_string());
-    let policy = Arc::new(Policy::new(name, algorithm).map_err(|e| e.to_string())?);
+    let name = match &args.name {
+        Some(name) => name.clone(),
+        None => args.policy.algorithm()?.kind().to_string(),
+    };
+    // The decision mode too (`--mode leased`), as a sluice.toml policy would have it.
+    let policy = Arc::new(args.policy.policy(name)?);
     let timeout =
         Duration::from_millis(parse_duration_ms(&args.timeout).map_err(|e| e.to_string())?);
     let interval = match &args.interval {

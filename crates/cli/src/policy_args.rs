@@ -4,7 +4,7 @@
 use clap::Args;
 use sluice_core::algorithm::{AlgorithmKind, Param, ParamError, Params};
 use sluice_core::policy::{CalendarPeriod, parse_duration_ms};
-use sluice_core::{Algorithm, LeakyMode, Rate};
+use sluice_core::{Algorithm, DecisionMode, LeakyMode, Rate};
 
 /// Which algorithm and parameters, as command-line flags. The names, aliases and the
 /// parameters each algorithm takes come from [`sluice_core::algorithm::registry`]: a flag the
@@ -30,28 +30,75 @@ pub struct PolicyArgs {
     /// calendar window "1 day", "1 week", "1 month" in UTC (fixed-window).
     #[arg(long)]
     pub window: Option<String>,
-    /// Leaky bucket mode: policing (default) or shaping.
+    /// Decision mode: exact (default: one store call per check) or leased (slices of the
+    /// quota spent locally; token-bucket, gcra, fixed-window); or the leaky bucket's
+    /// policing (default) or shaping.
     #[arg(long)]
     pub mode: Option<String>,
+    /// Leased mode: the longest a slice is spent before it goes back (default 1s, at most 1m).
+    #[arg(long)]
+    pub lease_ttl: Option<String>,
     /// Concurrency lease timeout (default 30s).
     #[arg(long)]
     pub lease: Option<String>,
 }
 
+/// True for a `--mode` value that names the decision mode rather than a leaky bucket's.
+fn is_decision_mode(mode: &str) -> bool {
+    matches!(mode, "exact" | "leased")
+}
+
 impl PolicyArgs {
+    /// The decision mode of `--mode` and `--lease-ttl`, as `mode`/`lease_ttl` of a
+    /// `sluice.toml` policy: exact unless `--mode leased`.
+    pub fn decision_mode(&self) -> Result<DecisionMode, String> {
+        match (self.mode.as_deref(), &self.lease_ttl) {
+            (Some("leased"), ttl) => {
+                let ttl_ms = match ttl {
+                    None => DecisionMode::DEFAULT_LEASE_TTL_MS,
+                    Some(t) => parse_duration_ms(t).map_err(|e| format!("--lease-ttl: {e}"))?,
+                };
+                Ok(DecisionMode::Leased { ttl_ms })
+            }
+            (_, Some(_)) => Err("--lease-ttl is only for --mode leased".to_string()),
+            _ => Ok(DecisionMode::Exact),
+        }
+    }
+
+    /// The policy these flags describe, named `name` (decision mode included), validated.
+    pub fn policy(&self, name: String) -> Result<sluice_core::Policy, String> {
+        let mut policy =
+            sluice_core::Policy::new(name, self.algorithm()?).map_err(|e| e.to_string())?;
+        policy.mode = self.decision_mode()?;
+        policy.validate().map_err(|e| e.to_string())?;
+        Ok(policy)
+    }
+
     /// The algorithm these flags describe.
     pub fn algorithm(&self) -> Result<Algorithm, String> {
         let kind: AlgorithmKind = self
             .algorithm
             .parse()
             .map_err(|e: sluice_core::algorithm::UnknownAlgorithm| e.to_string())?;
+        if let Some(m) = self.mode.as_deref()
+            && !is_decision_mode(m)
+            && kind != AlgorithmKind::LeakyBucket
+            && m.parse::<LeakyMode>().is_err()
+        {
+            return Err(format!(
+                "--mode must be exact or leased, not {m:?} (a leaky bucket also takes policing or shaping)"
+            ));
+        }
         let given = [
             (Param::Capacity, self.capacity.is_some()),
             (Param::Rate, self.rate.is_some()),
             (Param::Burst, self.burst.is_some()),
             (Param::Limit, self.limit.is_some()),
             (Param::Window, self.window.is_some()),
-            (Param::Mode, self.mode.is_some()),
+            (
+                Param::Mode,
+                self.mode.as_deref().is_some_and(|m| !is_decision_mode(m)),
+            ),
             (Param::Lease, self.lease.is_some()),
         ];
         for (param, is_given) in given {
@@ -84,6 +131,7 @@ impl PolicyArgs {
             mode: self
                 .mode
                 .as_deref()
+                .filter(|m| !is_decision_mode(m))
                 .map(str::parse::<LeakyMode>)
                 .transpose()
                 .map_err(|e| e.to_string())?,
@@ -113,6 +161,7 @@ pub fn parse_spec(spec: &str) -> Result<Algorithm, String> {
         limit: None,
         window: None,
         mode: None,
+        lease_ttl: None,
         lease: None,
     };
     for kv in params.split(',').filter(|s| !s.trim().is_empty()) {
