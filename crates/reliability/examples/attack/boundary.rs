@@ -11,7 +11,7 @@
 //!   another origin can make a browser send: a body without a content type (a `no-cors`
 //!   `Blob`), `text/plain`, a form encoding, each with the page's `Origin`, and a
 //!   DNS-rebound `Host`; then whether the allow list is still empty and checks still deny.
-//!   The real browser runs in `crates/server/tests/cross_site.rs`.
+//!   The real browser runs in `crates/server/tests/suite/cross_site.rs`.
 
 use std::net::SocketAddr;
 use std::time::Duration;

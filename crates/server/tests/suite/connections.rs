@@ -11,6 +11,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 
+use crate::support::listener::{metrics_text, rejected, turn};
+
 const CONFIG: &str = r#"
 [policies.burst]
 algorithm = "token-bucket"
@@ -127,21 +129,6 @@ async fn closed_within(s: &mut TcpStream, within: Duration) -> Option<(Duration,
     }
 }
 
-/// The Prometheus text of the server's `/metrics`.
-async fn metrics_text(addr: SocketAddr) -> String {
-    reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(format!("http://{addr}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-}
-
 /// Opens `n` connections that send nothing.
 async fn hold(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
     let mut held = Vec::with_capacity(n);
@@ -155,6 +142,7 @@ async fn hold(addr: SocketAddr, n: usize) -> Vec<TcpStream> {
 
 #[tokio::test]
 async fn slowloris_heads_are_closed_after_the_header_read_timeout() {
+    let _turn = turn().await;
     let s = serve(
         ConnectionLimits {
             header_read_timeout: Duration::from_millis(300),
@@ -163,6 +151,7 @@ async fn slowloris_heads_are_closed_after_the_header_read_timeout() {
         GrpcLimits::default(),
     )
     .await;
+    let before = metrics_text(s.addrs.http).await;
     // Ten partial heads, and one that trickles a header line every 100 ms.
     let opened = Instant::now();
     let mut partial = Vec::new();
@@ -214,14 +203,18 @@ async fn slowloris_heads_are_closed_after_the_header_read_timeout() {
         status_of(s.addrs.http, "GET", "/healthz", "").await,
         Some(200)
     );
-    let metrics = metrics_text(s.addrs.http).await;
-    let needle = r#"sluice_connections_rejected_total{listener="http",reason="header_timeout"}"#;
-    assert!(metrics.contains(needle), "{needle} missing from /metrics");
+    let after = metrics_text(s.addrs.http).await;
+    let counted = rejected(&after, "header_timeout") - rejected(&before, "header_timeout");
+    assert!(
+        counted >= 1.0,
+        "no header_timeout rejection counted:\n{after}"
+    );
     s.stop().await;
 }
 
 #[tokio::test]
 async fn idle_keep_alive_connections_are_closed_after_the_idle_timeout() {
+    let _turn = turn().await;
     let s = serve(
         ConnectionLimits {
             idle_timeout: Duration::from_millis(300),
@@ -230,6 +223,7 @@ async fn idle_keep_alive_connections_are_closed_after_the_idle_timeout() {
         GrpcLimits::default(),
     )
     .await;
+    let before = metrics_text(s.addrs.http).await;
     let mut c = TcpStream::connect(s.addrs.http).await.unwrap();
     c.write_all(b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
         .await
@@ -244,14 +238,15 @@ async fn idle_keep_alive_connections_are_closed_after_the_idle_timeout() {
         took >= Duration::from_millis(200),
         "closed too early: {took:?}"
     );
-    let metrics = metrics_text(s.addrs.http).await;
-    let needle = r#"sluice_connections_rejected_total{listener="http",reason="idle"}"#;
-    assert!(metrics.contains(needle), "{needle} missing from /metrics");
+    let after = metrics_text(s.addrs.http).await;
+    let counted = rejected(&after, "idle") - rejected(&before, "idle");
+    assert!(counted >= 1.0, "no idle rejection counted:\n{after}");
     s.stop().await;
 }
 
 #[tokio::test]
 async fn an_oversized_head_is_refused_and_the_server_stays_healthy() {
+    let _turn = turn().await;
     let s = serve(relaxed(), GrpcLimits::default()).await;
     for _ in 0..20 {
         let mut c = TcpStream::connect(s.addrs.http).await.unwrap();
@@ -281,6 +276,7 @@ async fn an_oversized_head_is_refused_and_the_server_stays_healthy() {
 
 #[tokio::test]
 async fn a_stalled_body_ends_with_408() {
+    let _turn = turn().await;
     let s = serve(
         ConnectionLimits {
             body_timeout: Duration::from_millis(300),
@@ -289,6 +285,7 @@ async fn a_stalled_body_ends_with_408() {
         GrpcLimits::default(),
     )
     .await;
+    let before = metrics_text(s.addrs.http).await;
     let mut c = TcpStream::connect(s.addrs.http).await.unwrap();
     c.write_all(
         b"POST /v1/check HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"pol",
@@ -309,9 +306,12 @@ async fn a_stalled_body_ends_with_408() {
         status_of(s.addrs.http, "POST", "/v1/check", CHECK).await,
         Some(200)
     );
-    let metrics = metrics_text(s.addrs.http).await;
-    let needle = r#"sluice_connections_rejected_total{listener="http",reason="body_timeout"}"#;
-    assert!(metrics.contains(needle), "{needle} missing from /metrics");
+    let after = metrics_text(s.addrs.http).await;
+    let counted = rejected(&after, "body_timeout") - rejected(&before, "body_timeout");
+    assert!(
+        counted >= 1.0,
+        "no body_timeout rejection counted:\n{after}"
+    );
     s.stop().await;
 }
 
@@ -362,6 +362,7 @@ fn closed_count(held: &mut [TcpStream]) -> usize {
 
 #[tokio::test]
 async fn at_the_connection_cap_health_still_answers_and_checks_resume_after() {
+    let _turn = turn().await;
     let s = serve(
         ConnectionLimits {
             max_connections: 40,
@@ -373,6 +374,7 @@ async fn at_the_connection_cap_health_still_answers_and_checks_resume_after() {
         GrpcLimits::default(),
     )
     .await;
+    let before = metrics_text(s.addrs.http).await;
     // The cap is held by connections doing work (requests in flight): nothing to displace.
     let held = hold_busy(s.addrs.http, 40).await;
     assert_eq!(
@@ -399,13 +401,14 @@ async fn at_the_connection_cap_health_still_answers_and_checks_resume_after() {
         status_of(s.addrs.http, "POST", "/v1/check", CHECK).await,
         Some(200)
     );
-    let metrics = metrics_text(s.addrs.http).await;
-    for needle in [
-        r#"sluice_connections_rejected_total{listener="http",reason="reserve_only"}"#,
-        r#"sluice_connections_open{listener="http"}"#,
-    ] {
-        assert!(metrics.contains(needle), "{needle} missing from /metrics");
-    }
+    let after = metrics_text(s.addrs.http).await;
+    let counted = rejected(&after, "reserve_only") - rejected(&before, "reserve_only");
+    assert!(
+        counted >= 1.0,
+        "no reserve_only rejection counted:\n{after}"
+    );
+    let open = r#"sluice_connections_open{listener="http"}"#;
+    assert!(after.contains(open), "{open} missing from /metrics");
     s.stop().await;
 }
 
@@ -415,6 +418,7 @@ async fn at_the_connection_cap_health_still_answers_and_checks_resume_after() {
 /// decisions keep answering, and the attacker's sockets are closed one per newcomer.
 #[tokio::test]
 async fn idle_sockets_from_several_addresses_cannot_hold_the_cap_or_the_reserve() {
+    let _turn = turn().await;
     let s = serve(
         ConnectionLimits {
             max_connections: 40,
@@ -425,6 +429,7 @@ async fn idle_sockets_from_several_addresses_cannot_hold_the_cap_or_the_reserve(
         GrpcLimits::default(),
     )
     .await;
+    let before = metrics_text(s.addrs.http).await;
     // 5 addresses x 12 = 60 idle sockets: more than the cap and the reserve together.
     let mut held = hold_from(s.addrs.http, 60, 5).await;
     for _ in 0..3 {
@@ -450,14 +455,15 @@ async fn idle_sockets_from_several_addresses_cannot_hold_the_cap_or_the_reserve(
         closed >= 7,
         "each newcomer displaced one idle socket: {closed} of 60 closed"
     );
-    let metrics = metrics_text(s.addrs.http).await;
-    let needle = r#"sluice_connections_rejected_total{listener="http",reason="displaced"}"#;
-    assert!(metrics.contains(needle), "{needle} missing from /metrics");
+    let after = metrics_text(s.addrs.http).await;
+    let counted = rejected(&after, "displaced") - rejected(&before, "displaced");
+    assert!(counted >= 1.0, "no displaced rejection counted:\n{after}");
     s.stop().await;
 }
 
 #[tokio::test]
 async fn the_per_ip_cap_refuses_extra_connections_under_pressure() {
+    let _turn = turn().await;
     let s = serve(
         ConnectionLimits {
             max_connections: 8,
@@ -467,6 +473,7 @@ async fn the_per_ip_cap_refuses_extra_connections_under_pressure() {
         GrpcLimits::default(),
     )
     .await;
+    let before = metrics_text(s.addrs.http).await;
     let mut held = hold(s.addrs.http, 5).await;
     // A sixth connection from another address: 6 of 8 is under pressure.
     let _other = hold_from(s.addrs.http, 1, 1).await;
@@ -483,9 +490,9 @@ async fn the_per_ip_cap_refuses_extra_connections_under_pressure() {
         status_of(s.addrs.http, "GET", "/healthz", "").await,
         Some(200)
     );
-    let metrics = metrics_text(s.addrs.http).await;
-    let needle = r#"sluice_connections_rejected_total{listener="http",reason="per_ip"}"#;
-    assert!(metrics.contains(needle), "{needle} missing from /metrics");
+    let after = metrics_text(s.addrs.http).await;
+    let counted = rejected(&after, "per_ip") - rejected(&before, "per_ip");
+    assert!(counted >= 1.0, "no per_ip rejection counted:\n{after}");
     s.stop().await;
 }
 
@@ -520,6 +527,7 @@ async fn grpc_settings(addr: SocketAddr) -> Vec<(u16, u32)> {
 
 #[tokio::test]
 async fn grpc_advertises_its_stream_cap_and_answers_health_while_http_is_saturated() {
+    let _turn = turn().await;
     let s = serve(
         ConnectionLimits {
             max_connections: 20,

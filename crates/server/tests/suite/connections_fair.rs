@@ -6,7 +6,7 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
-use crate::support::listener::{CHECK, connect_from, metric, metrics_text, request, serve};
+use crate::support::listener::{CHECK, connect_from, metrics_text, rejected, request, serve, turn};
 use sluice_server::limits::ConnectionLimits;
 use tokio::io::AsyncWriteExt;
 
@@ -17,10 +17,12 @@ use tokio::io::AsyncWriteExt;
 /// address make 1,800 checks without a single transport error.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_host_with_600_connections_sees_no_transport_errors() {
+    let _turn = turn().await;
     const CONNECTIONS: usize = 600;
     const ROUNDS: usize = 3;
     let s = serve(None).await;
     let addr = s.addrs.http;
+    let before = metrics_text(addr).await;
     let host: IpAddr = "127.0.0.1".parse().unwrap();
     let mut conns = Vec::with_capacity(CONNECTIONS);
     for _ in 0..CONNECTIONS {
@@ -63,11 +65,9 @@ async fn one_host_with_600_connections_sees_no_transport_errors() {
     assert_eq!(ok, CONNECTIONS * ROUNDS);
     let text = metrics_text(addr).await;
     assert_eq!(
-        metric(
-            &text,
-            r#"sluice_connections_rejected_total{listener="http",reason="per_ip"}"#
-        ),
-        0.0
+        rejected(&text, "per_ip") - rejected(&before, "per_ip"),
+        0.0,
+        "connections refused for their address"
     );
     s.stop().await;
 }
@@ -76,6 +76,7 @@ async fn one_host_with_600_connections_sees_no_transport_errors() {
 /// on: 503, problem+json, `Retry-After` and `Connection: close`, not a silent close.
 #[tokio::test]
 async fn a_refused_connection_gets_503_with_retry_after() {
+    let _turn = turn().await;
     let s = serve(Some(ConnectionLimits {
         max_connections: 4,
         reserve: 0,
@@ -83,6 +84,7 @@ async fn a_refused_connection_gets_503_with_retry_after() {
     }))
     .await;
     let addr = s.addrs.http;
+    let before = metrics_text(addr).await;
     let host: IpAddr = "127.0.0.1".parse().unwrap();
     // Four connections each in the middle of a request body: busy, so none can be displaced.
     let mut busy = Vec::new();
@@ -130,12 +132,7 @@ async fn a_refused_connection_gets_503_with_retry_after() {
         200
     );
     let text = metrics_text(addr).await;
-    assert!(
-        metric(
-            &text,
-            r#"sluice_connections_rejected_total{listener="http",reason="global"}"#
-        ) >= 1.0
-    );
+    assert!((rejected(&text, "global") - rejected(&before, "global")) >= 1.0);
     s.stop().await;
 }
 
@@ -143,6 +140,7 @@ async fn a_refused_connection_gets_503_with_retry_after() {
 /// new address takes the place of the heavy address's newest idle connection.
 #[tokio::test]
 async fn at_the_cap_a_light_address_displaces_the_heaviest_ones_idle_connection() {
+    let _turn = turn().await;
     let s = serve(Some(ConnectionLimits {
         max_connections: 20,
         reserve: 0,
@@ -151,6 +149,7 @@ async fn at_the_cap_a_light_address_displaces_the_heaviest_ones_idle_connection(
     }))
     .await;
     let addr = s.addrs.http;
+    let before = metrics_text(addr).await;
     let heavy: IpAddr = "127.0.0.2".parse().unwrap();
     let mut held = Vec::new();
     for _ in 0..20 {
@@ -175,11 +174,6 @@ async fn at_the_cap_a_light_address_displaces_the_heaviest_ones_idle_connection(
         held.push(c);
     }
     let text = metrics_text(addr).await;
-    assert!(
-        metric(
-            &text,
-            r#"sluice_connections_rejected_total{listener="http",reason="displaced"}"#
-        ) >= 5.0
-    );
+    assert!((rejected(&text, "displaced") - rejected(&before, "displaced")) >= 5.0);
     s.stop().await;
 }

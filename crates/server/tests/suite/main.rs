@@ -6,7 +6,13 @@
 //!
 //! All tests share one process and run on parallel threads, so none may rely on being alone:
 //! every server listens on a port the OS chose, writes to its own temporary directory, and
-//! reads its settings from its configuration rather than from the environment.
+//! reads its settings from its configuration rather than from the environment. The metrics
+//! are the one thing all servers of a process share (one Prometheus recorder): a test reads
+//! series only its own server adds to (a policy name of its own), or counts what its server
+//! did as the difference from what `/metrics` showed when it started; the connection-limit
+//! tests, whose counters carry no more than the listener's name, take turns
+//! ([`support::listener::turn`]). The one test that needs a process to itself, what a fresh
+//! instance exports, is its own binary: `tests/grafana.rs`.
 //!
 //! Shared helpers live in [`support`]. One module: `cargo test -p sluice-server --test suite
 //! --features testing -- rls::`.
@@ -28,7 +34,6 @@ mod envoy;
 mod evictions;
 mod examples;
 mod exposure;
-mod grafana;
 mod identity_warnings;
 mod leased_config;
 mod leased_serve;
@@ -41,6 +46,7 @@ mod reload;
 mod reserve_api;
 mod rls;
 mod rls_control_plane;
+mod rls_leased;
 mod route_limiting;
 mod slow_bodies;
 mod state_api;

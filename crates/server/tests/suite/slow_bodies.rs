@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::support::listener::{self, CHECK, connect_from, metric, metrics_text, request, serve};
+use crate::support::listener::{
+    self, CHECK, connect_from, metrics_text, rejected, request, serve, turn,
+};
 use sluice_server::limits::ConnectionLimits;
 use tokio::io::AsyncWriteExt;
 
@@ -53,6 +55,7 @@ async fn trickle_from(
 /// are answered 200 within 1 s.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slow_bodies_from_five_addresses_leave_other_checks_answered() {
+    let _turn = turn().await;
     const ADDRESSES: u8 = 5;
     const PER_ADDRESS: usize = 55;
     const PROBES: usize = 70;
@@ -63,6 +66,7 @@ async fn slow_bodies_from_five_addresses_leave_other_checks_answered() {
     }))
     .await;
     let addr = s.addrs.http;
+    let before = metrics_text(addr).await;
     let stop = Arc::new(AtomicBool::new(false));
     let opened = Arc::new(AtomicUsize::new(0));
     let attackers: Vec<_> = (0..ADDRESSES)
@@ -101,14 +105,8 @@ async fn slow_bodies_from_five_addresses_leave_other_checks_answered() {
     for a in attackers {
         let _ = tokio::time::timeout(Duration::from_secs(5), a).await;
     }
-    let too_slow = metric(
-        &text,
-        r#"sluice_connections_rejected_total{listener="http",reason="body_too_slow"}"#,
-    );
-    let capped = metric(
-        &text,
-        r#"sluice_connections_rejected_total{listener="http",reason="bodies_per_ip"}"#,
-    );
+    let too_slow = rejected(&text, "body_too_slow") - rejected(&before, "body_too_slow");
+    let capped = rejected(&text, "bodies_per_ip") - rejected(&before, "bodies_per_ip");
     eprintln!(
         "{answered}/{PROBES} probes answered 200 within 1 s (slowest {slowest:?}); attacker \
          opened {} connections; {too_slow} bodies ended 408 for their rate, {capped} refused \
@@ -134,6 +132,7 @@ async fn slow_bodies_from_five_addresses_leave_other_checks_answered() {
 /// long before `body_timeout`.
 #[tokio::test]
 async fn a_body_below_the_minimum_rate_ends_with_408_after_the_grace() {
+    let _turn = turn().await;
     let s = serve(Some(ConnectionLimits {
         body_rate_grace: Duration::from_secs(1),
         ..ConnectionLimits::default()

@@ -24,6 +24,18 @@ rate = "1000000/s"
 /// A check against [`CONFIG`].
 pub(crate) const CHECK: &str = r#"{"policy":"burst","identity":"user:1"}"#;
 
+/// Whose turn it is at the connection counters. `sluice_connections_rejected_total` lives in
+/// the one Prometheus recorder of the process, which every server the suite starts shares, and
+/// a test that attacks a server's connection limits adds to it. So the tests that do take
+/// turns (each holds [`turn`] for its whole run) and count the rejections of their own server
+/// as the difference from what `/metrics` showed once it started ([`rejected`] of both).
+static CONNECTION_COUNTERS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// This test's turn at the connection counters, until the guard drops.
+pub(crate) async fn turn() -> tokio::sync::MutexGuard<'static, ()> {
+    CONNECTION_COUNTERS.lock().await
+}
+
 /// A running server; [`Server::stop`] stops it and checks that it stopped cleanly.
 pub(crate) struct Server {
     pub(crate) addrs: BoundAddrs,
@@ -176,4 +188,13 @@ pub(crate) fn metric(text: &str, series: &str) -> f64 {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
         .unwrap_or(0.0)
+}
+
+/// `sluice_connections_rejected_total` of the HTTP listener for `reason` in the Prometheus
+/// text `text`, or 0.
+pub(crate) fn rejected(text: &str, reason: &str) -> f64 {
+    metric(
+        text,
+        &format!(r#"sluice_connections_rejected_total{{listener="http",reason="{reason}"}}"#),
+    )
 }

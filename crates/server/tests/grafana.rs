@@ -2,6 +2,14 @@
 //! metric name in its queries is found in `/metrics` of a real server on a real redis-server,
 //! first while it is fresh (no request yet: every panel must show 0, not "No data"), then
 //! after traffic, a reload and the store's loss.
+//!
+//! Its own test binary, not a module of `tests/suite`: what a fresh instance exports is read
+//! from the process-wide Prometheus recorder, so it takes a process in which no other server
+//! has decided, reloaded or lost its store yet (the zeros below), and no other server sets
+//! the heavy-hitter gauges between this one's setting and rendering them.
+
+#[path = "suite/support/mod.rs"]
+mod support;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
