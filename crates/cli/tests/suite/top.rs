@@ -2,7 +2,7 @@
 //! number of frames as plain text, with the numbers of the traffic sent.
 #![forbid(unsafe_code)]
 
-mod support;
+use crate::support;
 use support::Serve;
 
 use std::io::{Read, Write};

@@ -2,7 +2,7 @@
 //! 401s, a route that counts only successes, the reservation that keeps concurrent and
 //! abandoned requests counted, and a refund the store fails after the response.
 
-mod support;
+use crate::support;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};

@@ -3,9 +3,9 @@
 //! give identical decisions, field by field, for every algorithm; also for mixed multi-limit
 //! checks, lease releases, and in Functions mode.
 
-mod common;
+use crate::support;
 
-use common::{Kind, manual_store};
+use support::{Kind, manual_store};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sluice_core::algorithm::{self, State, Update};
@@ -174,7 +174,7 @@ async fn run_sequence(
 }
 
 async fn every_algorithm_alone(kind: Kind, mode: ScriptMode) {
-    let algs = common::algorithms();
+    let algs = support::algorithms();
     let mut tasks = Vec::new();
     for (j, a) in algs.into_iter().enumerate() {
         tasks.push(tokio::spawn(async move {
@@ -195,7 +195,7 @@ async fn every_algorithm_alone(kind: Kind, mode: ScriptMode) {
 }
 
 async fn mixed_multi_checks(kind: Kind, mode: ScriptMode) {
-    let algs = common::algorithms();
+    let algs = support::algorithms();
     let mut rng = StdRng::seed_from_u64(7);
     for seed in 0..12u64 {
         let n = rng.random_range(2..=4);

@@ -1,7 +1,7 @@
 //! `sluice admin` against a real `sluice serve` (both the built binary), over loopback.
 #![forbid(unsafe_code)]
 
-mod support;
+use crate::support;
 use support::Serve;
 
 use std::process::Command;

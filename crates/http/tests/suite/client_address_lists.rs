@@ -9,7 +9,7 @@
 //!   client: a deny-listed network does not refuse it and an allow-listed one does not let it
 //!   past its limit. Decided by text, both would (the client picks its own exemption).
 
-mod support;
+use crate::support;
 
 use std::time::Duration;
 

@@ -2,9 +2,9 @@
 //! identities keep their own slot and state, and every key written has a TTL no longer than
 //! the time until its state is back to initial.
 
-mod common;
+use crate::support;
 
-use common::{KINDS, Kind, server_clock_store};
+use support::{KINDS, Kind, server_clock_store};
 use sluice_core::key::{default_hash_key, hash_tag, key_slot};
 use sluice_core::{Algorithm, CheckItem, Identity, KeyScheme, Rate, Store};
 use sluice_testkit::servers::keys_with_ttl;
@@ -12,9 +12,9 @@ use sluice_testkit::servers::keys_with_ttl;
 /// The ports to SCAN for `kind` (every node of the Cluster).
 fn ports(kind: Kind) -> Vec<u16> {
     match kind {
-        Kind::Redis => vec![common::redis().port()],
-        Kind::Valkey => vec![common::valkey().port()],
-        Kind::Cluster => common::cluster().nodes().iter().map(|n| n.port()).collect(),
+        Kind::Redis => vec![support::redis().port()],
+        Kind::Valkey => vec![support::valkey().port()],
+        Kind::Cluster => support::cluster().nodes().iter().map(|n| n.port()).collect(),
     }
 }
 
@@ -139,7 +139,7 @@ async fn hash_tag_injection_keeps_its_own_slot_and_state() {
         let store = server_clock_store(kind, "inject").await;
         if kind == Kind::Cluster {
             // The server computes the same slot as sluice for every hostile key.
-            let node = &common::cluster().nodes()[0];
+            let node = &support::cluster().nodes()[0];
             for k in &keys {
                 let server_slot: u16 = node
                     .cli(&["CLUSTER", "KEYSLOT", &store.server_key(k)])
@@ -188,7 +188,7 @@ async fn every_key_has_a_ttl_no_longer_than_its_reset() {
     for kind in KINDS {
         let store = server_clock_store(kind, "ttl").await;
         let ns = store.server_key("");
-        let algs = common::algorithms();
+        let algs = support::algorithms();
         let mut longest = 0;
         for (i, alg) in algs.iter().enumerate() {
             let id = Identity::new(format!("ttl:{i}"));

@@ -2,7 +2,7 @@
 //! on 127.0.0.1:0. Every policy admits 2 requests a minute per identity, so a third request
 //! on the same identity is refused and a request on a fresh identity is admitted.
 
-mod support;
+use crate::support;
 
 use axum::routing::get as route;
 use axum::{Extension, Router};

@@ -6,7 +6,7 @@
 //! counting only 401s and a calendar-month window with its `RateLimit` reset. Each row has
 //! its own route and policy, since every request comes from one client (`ip:127.0.0.1`).
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -4,7 +4,7 @@
 //! on the same decider, and the two answers must agree (status, problem+json body, header
 //! names): the layer and the bindings cannot drift apart.
 
-mod support;
+use crate::support;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,9 +3,9 @@
 //! the Rust algorithms by the differential tests), a key repeated in a batch decided exactly
 //! as separate calls, and Cluster batches of keys in many slots: exact counts, never CROSSSLOT.
 
-mod common;
+use crate::support;
 
-use common::{Kind, namespace, url};
+use support::{Kind, namespace, url};
 use futures::future::join_all;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use sluice_core::{Algorithm, CheckItem, Rate, Store};
@@ -256,7 +256,7 @@ fn script_calls_on(port: u16) -> u64 {
 /// one), and fewer script calls than checks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_batches_span_slots_and_admit_exactly() {
-    let cluster = common::cluster();
+    let cluster = support::cluster();
     let s = Arc::new(store(Kind::Cluster, "cb").await);
     let ports: Vec<u16> = cluster.nodes().iter().map(|n| n.port()).collect();
     for algorithm in [

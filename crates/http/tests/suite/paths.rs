@@ -2,7 +2,7 @@
 //! counts against the `/login` rule, the handler sees the path that was limited, and a path
 //! with no safe normal form is refused with 400 before any handler runs.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

@@ -3,7 +3,7 @@
 //! password and a database index (and a wrong password giving a clear error without the
 //! password), and Sentinel (one master, one replica, one sentinel, with a forced failover).
 
-mod common;
+use crate::support;
 
 use sluice_core::{Algorithm, CheckItem, Rate, Store, StoreError};
 use sluice_redis::RedisStore;
@@ -56,14 +56,14 @@ async fn tls_with_a_custom_ca() {
     let store = RedisStore::builder(url.as_str())
         .clock(Arc::new(clock.clone()))
         .timeout(Duration::from_secs(5))
-        .namespace(common::namespace("tls"))
+        .namespace(support::namespace("tls"))
         .connect()
         .await
         .expect("connect over TLS with ?ca=");
     token_bucket_guide_sequence(Arc::new(store), clock).await;
 
     // The server clock, and the keys really are on that server.
-    let ns = common::namespace("tls2");
+    let ns = support::namespace("tls2");
     let store = connect(&url, &ns).await.expect("connect");
     three_then_denied(&store, "rl:{u}:p").await;
     let keys = server.cli(&files, &["--scan", "--pattern", &format!("{ns}*")]);
@@ -71,7 +71,7 @@ async fn tls_with_a_custom_ca() {
 
     // valkeys:// is the same scheme; #insecure skips verification (no CA given).
     let insecure = format!("valkeys://127.0.0.1:{}/#insecure", server.port());
-    let store = connect(&insecure, &common::namespace("tls3"))
+    let store = connect(&insecure, &support::namespace("tls3"))
         .await
         .expect("connect with #insecure");
     three_then_denied(&store, "rl:{u}:p").await;
@@ -141,7 +141,7 @@ async fn tls_with_a_client_certificate() {
         files.path("client.pem").display(),
         files.path("client.key").display()
     );
-    let store = connect(&url, &common::namespace("mtls"))
+    let store = connect(&url, &support::namespace("mtls"))
         .await
         .expect("connect with a client certificate");
     three_then_denied(&store, "rl:{u}:p").await;
@@ -173,7 +173,7 @@ async fn acl_user_password_and_database_index() {
     assert!(out.contains("OK"), "ACL SETUSER: {out}");
     let port = server.port();
 
-    let ns = common::namespace("acl");
+    let ns = support::namespace("acl");
     let url = format!("redis://sluice:{password}@127.0.0.1:{port}/3");
     let store = connect(&url, &ns).await.expect("connect as an ACL user");
     three_then_denied(&store, "rl:{u}:p").await;
@@ -235,7 +235,7 @@ async fn acl_user_password_and_database_index() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_finds_the_master_and_follows_a_failover() {
     let group = SentinelGroup::start();
-    let ns = common::namespace("sentinel");
+    let ns = support::namespace("sentinel");
     let store = connect(&format!("{}/2", group.url()), &ns)
         .await
         .unwrap_or_else(|e| panic!("connect through sentinel: {e}\n{}", group.sentinel_log()));

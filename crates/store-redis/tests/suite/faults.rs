@@ -2,7 +2,7 @@
 //! FLUSH` / `FUNCTION FLUSH` never show a caller NOSCRIPT (or a missing function); a killed
 //! Cluster master is replaced by its replica and decisions continue.
 
-mod common;
+use crate::support;
 
 use sluice_core::key::key_slot;
 use sluice_core::{Algorithm, CheckItem, Rate, Store, StoreError};
@@ -86,12 +86,12 @@ async fn stopped_server_errors_within_the_timeout_and_restart_recovers_without_n
 /// `SCRIPT FLUSH` (or `FUNCTION FLUSH`) while 8 tasks check: no error reaches a caller, and the
 /// admitted count is still exactly the limit.
 async fn flush_mid_run(mode: ScriptMode) {
-    let server = common::redis();
+    let server = support::redis();
     let store = Arc::new(
         RedisStore::builder(server.url())
             .timeout(Duration::from_secs(5))
             .mode(mode)
-            .namespace(common::namespace("flush"))
+            .namespace(support::namespace("flush"))
             .connect()
             .await
             .unwrap(),
@@ -219,7 +219,7 @@ async fn killed_cluster_master_fails_over_and_decisions_continue() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cross_slot_checks_are_refused_without_sending() {
-    let store = RedisStore::builder(common::cluster().url())
+    let store = RedisStore::builder(support::cluster().url())
         .timeout(Duration::from_secs(5))
         .connect()
         .await

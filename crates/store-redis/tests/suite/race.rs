@@ -3,9 +3,9 @@
 //! limit. A naive GET-then-SET limiter on the same server admits far more, which shows the
 //! test can see a race.
 
-mod common;
+use crate::support;
 
-use common::{KINDS, Kind, exact_limits, url};
+use support::{KINDS, Kind, exact_limits, url};
 use futures::future::join_all;
 use sluice_core::{CheckItem, Store};
 use sluice_redis::RedisStore;
@@ -25,7 +25,7 @@ async fn store(kind: Kind, ns: &str) -> Arc<RedisStore> {
 
 /// 200 concurrent requests (one multiplexed connection) at a limit of 10.
 async fn two_hundred_at_ten(kind: Kind) {
-    let ns = common::namespace("race200");
+    let ns = support::namespace("race200");
     let s = store(kind, &ns).await;
     for (i, alg) in exact_limits(10).into_iter().enumerate() {
         let key = format!("rl:{{race}}:a{i}");
@@ -53,7 +53,7 @@ async fn two_hundred_at_ten(kind: Kind) {
 /// 10,000 requests over 16 connections (16 stores), 32 in flight per connection, at a limit
 /// of 100.
 async fn ten_thousand_at_hundred(kind: Kind) {
-    let ns = common::namespace("race10k");
+    let ns = support::namespace("race10k");
     let mut stores = Vec::new();
     for _ in 0..16 {
         stores.push(store(kind, &ns).await);
@@ -133,7 +133,7 @@ async fn naive_get_then_set_admits_far_more() {
     for kind in [Kind::Redis, Kind::Valkey] {
         let client = redis::Client::open(url(kind)).unwrap();
         let con = client.get_multiplexed_async_connection().await.unwrap();
-        let key = format!("{}naive", common::namespace("naive"));
+        let key = format!("{}naive", support::namespace("naive"));
         let calls = (0..200).map(|_| {
             let mut con = con.clone();
             let key = key.clone();

@@ -1,6 +1,6 @@
 //! The layer over real HTTP on 127.0.0.1:0, with real stores.
 
-mod support;
+use crate::support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

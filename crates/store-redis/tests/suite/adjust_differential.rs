@@ -3,9 +3,9 @@
 //! Redis store with an explicit clock and through the Rust functions give identical answers,
 //! field by field, for every algorithm that can be adjusted, calendar windows included.
 
-mod common;
+use crate::support;
 
-use common::{Kind, manual_store};
+use support::{Kind, manual_store};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sluice_core::algorithm::calendar::CalendarPeriod;
@@ -16,7 +16,7 @@ use sluice_redis::ScriptMode;
 const STEPS: usize = 200;
 
 fn adjustable() -> Vec<Algorithm> {
-    let mut algs: Vec<Algorithm> = common::algorithms()
+    let mut algs: Vec<Algorithm> = support::algorithms()
         .into_iter()
         .filter(|a| !matches!(a, Algorithm::Concurrency { .. }))
         .collect();

@@ -1,9 +1,9 @@
 //! The store conformance suite of `sluice-testkit`, unchanged, on Redis 7, Valkey 9.1 and a
 //! 6-node Redis Cluster (scripts via EVALSHA), and on Redis in Functions mode.
 
-mod common;
+use crate::support;
 
-use common::{Kind, manual_store};
+use support::{Kind, manual_store};
 use sluice_core::{ManualClock, Store};
 use sluice_redis::ScriptMode;
 use std::sync::Arc;
