@@ -73,10 +73,20 @@ pub fn load_domain_yaml(text: &str, file: &str) -> Result<DomainFile, ConfigErro
             msg.truncate(i);
         }
         // serde_yaml prefixes the path: `descriptors[0].rate_limit: message`.
-        let (field, message) = match msg.split_once(": ") {
+        let (mut field, mut message) = match msg.split_once(": ") {
             Some((path, m)) if !path.contains(' ') => (path.to_string(), m.to_string()),
             _ => ("domain".to_string(), msg),
         };
+        // A `rate_limit` check names its field first (`rate_limit.mode: ...`): the path gets it.
+        if let Some((name, m)) = message.split_once(": ")
+            && !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b == b'_' || b == b'.')
+        {
+            field = format!("{field}.{name}");
+            message = m.to_string();
+        }
         ConfigError {
             file: file.to_string(),
             line,

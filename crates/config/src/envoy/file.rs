@@ -4,12 +4,15 @@
 //! Files written for envoyproxy/ratelimit load unchanged: `domain`, nested `descriptors` with
 //! `key`, optional `value` (a trailing `*` matches by prefix), `rate_limit` (`unit`,
 //! `requests_per_unit`, `unlimited`, `name`, `replaces`), `shadow_mode`, and the metric options
-//! `detailed_metric`, `value_to_metric` and `share_threshold` (accepted, no effect here). One
-//! extension: `rate_limit.algorithm` picks another sluice algorithm for the same quota; without
-//! it a limit keeps its fixed-window meaning.
+//! `detailed_metric`, `value_to_metric` and `share_threshold` (accepted, no effect here). Two
+//! extensions: `rate_limit.algorithm` picks another sluice algorithm for the same quota (without
+//! it a limit keeps its fixed-window meaning), and `rate_limit.mode: leased` (with `lease_ttl`)
+//! decides it from slices of the quota, as `mode = "leased"` does for a sluice.toml policy.
 
 use serde::Deserialize;
+use sluice::core::DecisionMode;
 use sluice::core::algorithm::AlgorithmKind;
+use sluice::core::policy::{format_duration_ms, parse_duration_ms};
 
 /// A time unit of a `rate_limit` (case-insensitive in files, as in the reference service).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -228,6 +231,8 @@ pub struct RateLimitFile {
     pub name: Option<String>,
     /// Names of limits this one replaces when both match one request.
     pub replaces: Vec<String>,
+    /// How the limit is decided (sluice extension; exact unless `mode: leased`).
+    pub mode: DecisionMode,
 }
 
 #[derive(Debug, Deserialize)]
@@ -245,6 +250,10 @@ struct RawRateLimit {
     replaces: Vec<RawReplace>,
     #[serde(default)]
     algorithm: Option<String>,
+    #[serde(default)]
+    mode: Option<String>,
+    #[serde(default)]
+    lease_ttl: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -286,6 +295,7 @@ impl TryFrom<RawRateLimit> for RateLimitFile {
             }
             Some((rpu, unit))
         };
+        let mode = decision_mode(r.mode.as_deref(), r.lease_ttl.as_deref(), algorithm, limit)?;
         let mut replaces = Vec::with_capacity(r.replaces.len());
         for rep in r.replaces {
             if rep.name.is_empty() {
@@ -301,8 +311,64 @@ impl TryFrom<RawRateLimit> for RateLimitFile {
             algorithm,
             name,
             replaces,
+            mode,
         })
     }
+}
+
+/// `mode` (`exact` or `leased`) and `lease_ttl` of a `rate_limit`, refused with the field's
+/// name where leasing cannot serve the limit: the rules of a sluice.toml policy's `mode`.
+fn decision_mode(
+    mode: Option<&str>,
+    lease_ttl: Option<&str>,
+    algorithm: AlgorithmKind,
+    limit: Option<(u32, Unit)>,
+) -> Result<DecisionMode, String> {
+    match mode {
+        None | Some("exact") => {
+            if lease_ttl.is_some() {
+                return Err(
+                    "rate_limit.lease_ttl: only a rate_limit with mode: leased takes lease_ttl"
+                        .into(),
+                );
+            }
+            return Ok(DecisionMode::Exact);
+        }
+        Some("leased") => {}
+        Some(other) => {
+            return Err(format!(
+                "rate_limit.mode: unknown mode {other:?}: expected exact or leased"
+            ));
+        }
+    }
+    let ttl_ms = match lease_ttl {
+        None => DecisionMode::DEFAULT_LEASE_TTL_MS,
+        Some(t) => match parse_duration_ms(t) {
+            Ok(ms) if (1..=DecisionMode::MAX_LEASE_TTL_MS).contains(&ms) => ms,
+            Ok(_) => {
+                return Err(format!(
+                    "rate_limit.lease_ttl: {t:?} must be between 1ms and {}",
+                    format_duration_ms(DecisionMode::MAX_LEASE_TTL_MS)
+                ));
+            }
+            Err(e) => return Err(format!("rate_limit.lease_ttl: {e}")),
+        },
+    };
+    let Some((rpu, unit)) = limit else {
+        return Err("rate_limit.mode: an unlimited rate_limit has no quota to lease".into());
+    };
+    let leased = DecisionMode::Leased { ttl_ms };
+    // A quota of 0 is always over limit and never reaches the store: nothing to check.
+    if let Some(a) = algorithm.for_quota(u64::from(rpu), unit.ms()) {
+        // The same rule as a sluice.toml policy's, told in this file's syntax.
+        leased.check(&a).map_err(|e| {
+            format!(
+                "rate_limit.mode: {}",
+                e.to_string().replacen("mode = \"leased\"", "leased", 1)
+            )
+        })?;
+    }
+    Ok(leased)
 }
 
 #[cfg(test)]
@@ -342,6 +408,82 @@ mod tests {
                 .unwrap_err()
                 .to_string()
                 .contains("unlimited")
+        );
+    }
+
+    fn rate_limit(fields: &str) -> Result<RateLimitFile, String> {
+        let yaml = format!("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {{ {fields} }}\n");
+        serde_yaml::from_str::<DomainFile>(&yaml)
+            .map(|f| f.descriptors.0[0].rate_limit.clone().unwrap())
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn leased_mode_and_its_lifetime() {
+        let quota = "unit: second, requests_per_unit: 100";
+        assert_eq!(rate_limit(quota).unwrap().mode, DecisionMode::Exact);
+        assert_eq!(
+            rate_limit(&format!("{quota}, mode: exact")).unwrap().mode,
+            DecisionMode::Exact
+        );
+        assert_eq!(
+            rate_limit(&format!("{quota}, mode: leased")).unwrap().mode,
+            DecisionMode::leased()
+        );
+        assert_eq!(
+            rate_limit(&format!(
+                "{quota}, mode: leased, lease_ttl: 250ms, algorithm: gcra"
+            ))
+            .unwrap()
+            .mode,
+            DecisionMode::Leased { ttl_ms: 250 }
+        );
+        // A quota of 0 never reaches the store: leased or not, it is always over.
+        assert!(rate_limit("unit: second, requests_per_unit: 0, mode: leased").is_ok());
+        let refused = |fields: &str, want: &str| {
+            let e = rate_limit(&format!("{quota}, {fields}")).unwrap_err();
+            assert!(e.contains(want), "{fields}: {e}");
+            assert!(e.contains("line 3"), "{fields}: {e}");
+        };
+        refused(
+            "mode: approximate",
+            "rate_limit.mode: unknown mode \"approximate\": expected exact or leased",
+        );
+        refused(
+            "lease_ttl: 1s",
+            "rate_limit.lease_ttl: only a rate_limit with mode: leased takes lease_ttl",
+        );
+        refused(
+            "mode: exact, lease_ttl: 1s",
+            "only a rate_limit with mode: leased",
+        );
+        refused(
+            "mode: leased, lease_ttl: 2m",
+            "rate_limit.lease_ttl: \"2m\" must be between 1ms and 1m",
+        );
+        refused("mode: leased, lease_ttl: 0ms", "must be between 1ms");
+        refused(
+            "mode: leased, lease_ttl: soon",
+            "rate_limit.lease_ttl: invalid duration \"soon\"",
+        );
+        refused(
+            "mode: leased, algorithm: sliding-log",
+            "rate_limit.mode: leased supports token-bucket, gcra and fixed-window, not sliding-log",
+        );
+        let e = rate_limit("unlimited: true, mode: leased").unwrap_err();
+        assert!(
+            e.contains("rate_limit.mode: an unlimited rate_limit has no quota to lease"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_mode_error_names_file_line_and_field() {
+        let yaml = "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 5\n      mode: leased\n      lease_ttl: 5m\n";
+        let e = crate::load_domain_yaml(yaml, "edge.yaml").unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "edge.yaml:3: descriptors[0].rate_limit.lease_ttl: \"5m\" must be between 1ms and 1m"
         );
     }
 }

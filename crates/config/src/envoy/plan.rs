@@ -138,6 +138,7 @@ fn override_limit(domains: &Domains, domain: &str, rpu: u32, unit: i32) -> Optio
             rpu,
             unit,
             shadow,
+            sluice::core::DecisionMode::Exact,
         ),
     }))
 }

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use sluice::core::DecisionMode;
 use sluice::core::algorithm::AlgorithmKind;
 use sluice::{Algorithm, FailureMode, Policy};
 
@@ -62,13 +63,14 @@ pub fn policy_name(name: Option<&str>, algorithm: &Algorithm, rpu: u32, unit: Un
     format!("{base}.{}.{rpu}.{}", algorithm.kind(), unit.name())
 }
 
-/// Builds the policy of `rpu` per `unit` (`None` when `rpu` is 0).
+/// Builds the policy of `rpu` per `unit` (`None` when `rpu` is 0), decided in `mode`.
 pub fn build_policy(
     name: Option<&str>,
     alg: AlgorithmKind,
     rpu: u32,
     unit: Unit,
     shadow: bool,
+    mode: DecisionMode,
 ) -> Option<Arc<Policy>> {
     let algorithm = alg.for_quota(u64::from(rpu), unit.ms())?;
     let policy = Policy {
@@ -77,7 +79,7 @@ pub fn build_policy(
         failure_mode: FailureMode::Open,
         shadow,
         shards: 1,
-        mode: sluice::core::DecisionMode::Exact,
+        mode,
     };
     policy.validate().ok()?;
     Some(Arc::new(policy))
@@ -177,7 +179,7 @@ fn load(node: &mut Node, parent: &str, descriptors: &[DescriptorFile], global_sh
         let full_key = format!("{parent}.{ck}");
         let limit = d.rate_limit.as_ref().map(|rl| {
             let policy = rl.limit.and_then(|(rpu, unit)| {
-                build_policy(rl.name.as_deref(), rl.algorithm, rpu, unit, shadow)
+                build_policy(rl.name.as_deref(), rl.algorithm, rpu, unit, shadow, rl.mode)
             });
             Arc::new(Limit {
                 full_key: full_key.clone(),
@@ -308,5 +310,18 @@ descriptors:
             ip.policy.as_ref().unwrap().name,
             "envoy.fixed-window.10.minute"
         );
+    }
+
+    #[test]
+    fn a_leased_rate_limit_builds_a_leased_policy() {
+        let d = domains(
+            "domain: edge\ndescriptors:\n  - key: user\n    rate_limit: { unit: minute, requests_per_unit: 600, mode: leased, lease_ttl: 2s }\n  - key: ip\n    rate_limit: { unit: minute, requests_per_unit: 600 }\n",
+        );
+        let mode = |k: &str| {
+            let l = d.lookup("edge", &[(k, "x")]).unwrap();
+            l.policy.as_ref().unwrap().mode
+        };
+        assert_eq!(mode("user"), DecisionMode::Leased { ttl_ms: 2000 });
+        assert_eq!(mode("ip"), DecisionMode::Exact);
     }
 }
