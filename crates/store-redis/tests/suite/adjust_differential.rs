@@ -5,13 +5,13 @@
 
 use crate::support;
 
-use support::{Kind, manual_store};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sluice_core::algorithm::calendar::CalendarPeriod;
 use sluice_core::algorithm::{self, Adjustment, State, Update};
 use sluice_core::{Algorithm, CheckItem, ManualClock, Store};
 use sluice_redis::ScriptMode;
+use support::{Kind, manual_store};
 
 const STEPS: usize = 200;
 

@@ -5,18 +5,23 @@
 
 use crate::support;
 
-use support::{Kind, namespace, url};
 use futures::future::join_all;
 use rand::{Rng, SeedableRng, rngs::StdRng};
 use sluice_core::{Algorithm, CheckItem, Rate, Store};
 use sluice_redis::RedisStore;
 use std::sync::Arc;
 use std::time::Duration;
+use support::{Kind, namespace, url};
 
 /// A store on the server clock (so it batches); TTLs padded by 10 minutes, since the
 /// explicit `now` of `batch_at` is not the server's clock that expires keys.
 async fn store(kind: Kind, tag: &str) -> RedisStore {
-    RedisStore::builder(url(kind))
+    store_on(url(kind), tag).await
+}
+
+/// [`store`] on the server at `url`.
+async fn store_on(url: String, tag: &str) -> RedisStore {
+    RedisStore::builder(url)
         .timeout(Duration::from_secs(10))
         .ttl_pad_ms(600_000)
         .namespace(namespace(tag))
@@ -256,8 +261,9 @@ fn script_calls_on(port: u16) -> u64 {
 /// one), and fewer script calls than checks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cluster_batches_span_slots_and_admit_exactly() {
-    let cluster = support::cluster();
-    let s = Arc::new(store(Kind::Cluster, "cb").await);
+    // A Cluster of its own: the script calls counted below must be this test's alone.
+    let cluster = sluice_testkit::servers::RedisCluster::start();
+    let s = Arc::new(store_on(cluster.url(), "cb").await);
     let ports: Vec<u16> = cluster.nodes().iter().map(|n| n.port()).collect();
     for algorithm in [
         Algorithm::TokenBucket {

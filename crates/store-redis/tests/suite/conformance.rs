@@ -3,10 +3,10 @@
 
 use crate::support;
 
-use support::{Kind, manual_store};
 use sluice_core::{ManualClock, Store};
 use sluice_redis::ScriptMode;
 use std::sync::Arc;
+use support::{Kind, manual_store};
 
 async fn on_redis(clock: ManualClock) -> Arc<dyn Store> {
     Arc::new(manual_store(Kind::Redis, &clock, ScriptMode::Eval).await)

@@ -5,12 +5,12 @@
 
 use crate::support;
 
-use support::{Kind, manual_store};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sluice_core::algorithm::{self, State, Update};
 use sluice_core::{Algorithm, CheckItem, Decision, DenyReason, LeaseId, ManualClock, Store};
 use sluice_redis::ScriptMode;
+use support::{Kind, manual_store};
 
 const STEPS: usize = 250;
 const SEEDS: u64 = 4;

@@ -84,9 +84,10 @@ async fn stopped_server_errors_within_the_timeout_and_restart_recovers_without_n
 }
 
 /// `SCRIPT FLUSH` (or `FUNCTION FLUSH`) while 8 tasks check: no error reaches a caller, and the
-/// admitted count is still exactly the limit.
+/// admitted count is still exactly the limit. On a server of its own: the flushes would reach
+/// every other test's scripts, and the command statistics read at the end must be this run's.
 async fn flush_mid_run(mode: ScriptMode) {
-    let server = support::redis();
+    let server = RedisServer::redis();
     let store = Arc::new(
         RedisStore::builder(server.url())
             .timeout(Duration::from_secs(5))

@@ -5,12 +5,12 @@
 
 use crate::support;
 
-use support::{KINDS, Kind, exact_limits, url};
 use futures::future::join_all;
 use sluice_core::{CheckItem, Store};
 use sluice_redis::RedisStore;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::{KINDS, Kind, exact_limits, url};
 
 async fn store(kind: Kind, ns: &str) -> Arc<RedisStore> {
     Arc::new(

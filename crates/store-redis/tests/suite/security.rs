@@ -4,17 +4,21 @@
 
 use crate::support;
 
-use support::{KINDS, Kind, server_clock_store};
 use sluice_core::key::{default_hash_key, hash_tag, key_slot};
 use sluice_core::{Algorithm, CheckItem, Identity, KeyScheme, Rate, Store};
 use sluice_testkit::servers::keys_with_ttl;
+use support::{KINDS, Kind, server_clock_store};
 
 /// The ports to SCAN for `kind` (every node of the Cluster).
 fn ports(kind: Kind) -> Vec<u16> {
     match kind {
         Kind::Redis => vec![support::redis().port()],
         Kind::Valkey => vec![support::valkey().port()],
-        Kind::Cluster => support::cluster().nodes().iter().map(|n| n.port()).collect(),
+        Kind::Cluster => support::cluster()
+            .nodes()
+            .iter()
+            .map(|n| n.port())
+            .collect(),
     }
 }
 
