@@ -199,8 +199,19 @@ def rls():
     print()
 
 
+def cluster():
+    f = OUT / "cluster.txt"
+    if not f.exists():
+        return
+    print("### Redis Cluster (3 masters) vs standalone (`redis-ab.sh`, interleaved)\n")
+    print("```text")
+    print(f.read_text().rstrip())
+    print("```\n")
+
+
 embedded()
 clients()
+cluster()
 flood()
 memory()
 rls()

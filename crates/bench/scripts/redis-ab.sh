@@ -2,10 +2,13 @@
 # redis-ab.sh: side-by-side runs of Redis clients on one private redis-server and one private
 # 3-master Redis Cluster (no replicas), all on free loopback ports and stopped by PID at the
 # end. Per run: decisions/s, Redis script µs per decision (INFO commandstats usec of
-# EVALSHA+EVAL+FCALL over every master / decisions including the warm-up), Redis CPU µs per
-# decision (standalone only), script calls and GET/MGET/SET per decision, the load average.
-# BREAKDOWN=1 adds every command's usec per decision. Runs go in the order given, so
-# interleave A/B/A/B.
+# EVALSHA+EVAL+FCALL over every master / decisions including the warm-up), script µs per call
+# (the same usec / script calls: commandstats' usec_per_call), Redis CPU µs per decision
+# (used_cpu_user+sys of every master / decisions: the server's own CPU, which a process
+# waiting for a core does not inflate, unlike commandstats' wall-clock usec), script calls and
+# GET/MGET/SET per decision, the load average. At the end, per label: Cluster / standalone
+# ratios of script µs and CPU µs per decision over every pair of that label. BREAKDOWN=1 adds
+# every command's usec per decision. Runs go in the order given, so interleave A/B/A/B.
 #
 #   crates/bench/scripts/redis-ab.sh SECONDS "label|single|cmd" "label|cluster|cmd" ...
 #
@@ -49,8 +52,13 @@ for _ in $(seq 100); do
   redis-cli -p "${CPORTS[0]}" cluster info | grep -q cluster_state:ok && break; sleep 0.1
 done
 CURL="redis+cluster://$(IFS=,; echo "${CPORTS[*]/#/127.0.0.1:}")"
-cpu() { redis-cli -p "$1" INFO cpu | awk -F: '/used_cpu_(user|sys):/{s+=$2} END{printf "%.6f", s}'; }
-printf '%-16s %-8s %10s %10s %9s %8s %9s %8s %8s %s\n' label target dec/s per_master script_us cpu_us calls/dec get/dec set/dec load
+# cpu PORT...: used_cpu_user+sys summed over the given servers, in s
+cpu() {
+  for p in "$@"; do redis-cli -p "$p" INFO cpu; done | tr -d '\r' |
+    awk -F: '/^used_cpu_(user|sys):/{s+=$2} END{printf "%.6f", s}'
+}
+RESULTS="$WORK/results.jsonl"
+printf '%-16s %-8s %10s %10s %9s %8s %8s %9s %8s %8s %s\n' label target dec/s per_master script_us us/call cpu_us calls/dec get/dec set/dec load
 for spec in "$@"; do
   label=${spec%%|*}; rest=${spec#*|}; target=${rest%%|*}; cmd=${rest#*|}
   if [ "$target" = cluster ]; then ports=("${CPORTS[@]}"); url=$CURL; else ports=("$SP"); url=redis://127.0.0.1:$SP/0; fi
@@ -59,14 +67,14 @@ for spec in "$@"; do
     redis-cli -p "$p" FLUSHALL >/dev/null; redis-cli -p "$p" SCRIPT FLUSH >/dev/null
     redis-cli -p "$p" CONFIG RESETSTAT >/dev/null
   done
-  cpu0=$(cpu "${ports[0]}")
+  cpu0=$(cpu "${ports[@]}")
   out=$(timeout $((DUR * 4 + 60)) $cmd 2>/dev/null | tail -1)
-  cpu1=$(cpu "${ports[0]}")
+  cpu1=$(cpu "${ports[@]}")
   stats=""; for p in "${ports[@]}"; do stats+=$(redis-cli -p "$p" INFO commandstats | tr -d '\r')$'\n'; done
   python3 - "$label" "$target" "$out" "$stats" "${#ports[@]}" "$cpu0" "$cpu1" \
-    "$(cut -d' ' -f1 /proc/loadavg)" <<'PY'
+    "$(cut -d' ' -f1 /proc/loadavg)" "$RESULTS" <<'PY'
 import json, os, re, sys
-label, target, out, stats, masters, cpu0, cpu1, load = sys.argv[1:]
+label, target, out, stats, masters, cpu0, cpu1, load, results = sys.argv[1:]
 try:
     o = json.loads(out)
 except ValueError:
@@ -83,13 +91,34 @@ scr = sum(st.get(c, (0, 0))[1] for c in ("evalsha", "eval", "fcall"))
 calls = sum(st.get(c, (0, 0))[0] for c in ("evalsha", "eval", "fcall"))
 gets = st.get("get", (0, 0))[0] + st.get("mget", (0, 0))[0]
 sets = st.get("set", (0, 0))[0]
-cpu = f"{(float(cpu1) - float(cpu0)) * 1e6 / n:8.2f}" if masters == "1" else "       -"
+cpu = (float(cpu1) - float(cpu0)) * 1e6 / n
 rate = o["decisions_per_s"]
-print(f"{label:16s} {target:8s} {rate:10.0f} {rate / int(masters):10.0f} {scr / n:9.2f} {cpu} "
-      f"{calls / n:9.4f} {gets / n:8.4f} {sets / n:8.4f} {load} errors={o.get('errors')}")
+per_call = scr / calls if calls else 0.0
+print(f"{label:16s} {target:8s} {rate:10.0f} {rate / int(masters):10.0f} {scr / n:9.2f} {per_call:8.2f} "
+      f"{cpu:8.2f} {calls / n:9.4f} {gets / n:8.4f} {sets / n:8.4f} {load} errors={o.get('errors')}")
+with open(results, "a") as f:
+    f.write(json.dumps({"label": label, "target": target, "script_us": scr / n, "cpu_us": cpu,
+                        "per_call": per_call, "rate": rate}) + "\n")
 if os.environ.get("BREAKDOWN"):
     print("    µs per decision: " + ", ".join(
         f"{c} {u / n:.3f} ({u / max(k, 1):.2f}/call)" for c, (k, u) in sorted(st.items())
         if c not in ("info", "config|resetstat", "flushall")))
 PY
 done
+# Cluster / standalone per label, over every run of that label (sums, so each run weighs by
+# its decisions' cost, not by its count).
+[ -s "$RESULTS" ] && python3 - "$RESULTS" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+for label in dict.fromkeys(r["label"] for r in rows):
+    side = {t: [r for r in rows if r["label"] == label and r["target"] == t] for t in ("single", "cluster")}
+    if not side["single"] or not side["cluster"]:
+        continue
+    mean = lambda t, k: sum(r[k] for r in side[t]) / len(side[t])
+    print(f"{label}: Cluster / standalone over {len(side['cluster'])}+{len(side['single'])} runs: "
+          f"script µs per decision {mean('cluster', 'script_us'):.2f} / {mean('single', 'script_us'):.2f} = "
+          f"{mean('cluster', 'script_us') / mean('single', 'script_us'):.2f}x; "
+          f"Redis CPU µs per decision {mean('cluster', 'cpu_us'):.2f} / {mean('single', 'cpu_us'):.2f} = "
+          f"{mean('cluster', 'cpu_us') / mean('single', 'cpu_us'):.2f}x; "
+          f"script µs per call {mean('cluster', 'per_call'):.1f} / {mean('single', 'per_call'):.1f}")
+PY
