@@ -4,7 +4,7 @@
 //! more than the quota (plus, for a bucket, what it refilled while the case ran), and fall
 //! short of it by at most the slices the instances can hold (`docs/leased-mode.md`).
 
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::support::{Redis, TestServer, start_with};
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -33,7 +33,7 @@ fn domain_yaml() -> String {
     let mut y = String::from("domain: edge\ndescriptors:\n");
     for (algorithm, unit, rpu, ttl) in LIMITS {
         y.push_str(&format!(
-            "  - key: {algorithm}\n    rate_limit:\n      unit: {unit}\n      \
+            "  - key: {algorithm}\n    rate_limit:\n      name: rls_leased_{algorithm}\n      unit: {unit}\n      \
              requests_per_unit: {rpu}\n      algorithm: {algorithm}\n      mode: leased\n      \
              lease_ttl: {ttl}\n"
         ));
@@ -102,7 +102,7 @@ where
     out
 }
 
-/// A case: which limit, and the arrivals (instance, calls at once), about 3x its quota.
+/// A case: which limit, and the arrivals (instance, calls at once), several times its quota.
 fn case() -> impl Strategy<Value = (usize, Vec<(usize, usize)>)> {
     (0..LIMITS.len()).prop_flat_map(|limit| {
         let rpu = LIMITS[limit].2 as usize;
@@ -118,7 +118,7 @@ fn leased_envoy_limits_on_three_instances_never_admit_more_than_the_quota() {
         panic!("redis-server is needed for this test: run scripts/install-test-deps");
     };
     let toml = format!(
-        "[store]\nurl = \"{}\"\n[envoy]\nfiles = [\"edge.yaml\"]\n",
+        "admin_token = \"s3cret\"\n[store]\nurl = \"{}\"\n[envoy]\nfiles = [\"edge.yaml\"]\n",
         redis.url()
     );
     let yaml = domain_yaml();
@@ -139,11 +139,14 @@ fn leased_envoy_limits_on_three_instances_never_admit_more_than_the_quota() {
         failure_persistence: None,
         ..ProptestConfig::default()
     });
-    let mut next_value = 0u64;
+    let next_value = std::sync::atomic::AtomicU64::new(0);
+    let admitted_in_all = std::sync::atomic::AtomicU64::new(0);
     let result = runner.run(&case(), |(limit, bursts)| {
         let (algorithm, _, rpu, _) = LIMITS[limit];
-        next_value += 1;
-        let value = format!("v{next_value}");
+        let value = format!(
+            "v{}",
+            next_value.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
         let (admitted, start, end) = rt.block_on(drive(&clients, algorithm, &value, &bursts));
         let quota = u64::from(rpu);
         let window_ms = 60_000;
@@ -156,6 +159,7 @@ fn leased_envoy_limits_on_three_instances_never_admit_more_than_the_quota() {
             quota + (end - start) * quota / window_ms
         };
         let offered: usize = bursts.iter().map(|b| b.1).sum();
+        admitted_in_all.fetch_add(admitted, std::sync::atomic::Ordering::Relaxed);
         prop_assert!(
             admitted <= most,
             "{algorithm} {rpu}/min on {INSTANCES} instances admitted {admitted} of {offered}, \
@@ -171,6 +175,9 @@ fn leased_envoy_limits_on_three_instances_never_admit_more_than_the_quota() {
         );
         Ok::<(), TestCaseError>(())
     });
+    // And the admissions came from slices: far fewer store reservations than admissions.
+    let reservations = rt.block_on(lease_reservations(&servers[0]));
+    let admitted = admitted_in_all.into_inner();
     rt.block_on(async {
         for s in servers {
             s.stop().await;
@@ -180,6 +187,28 @@ fn leased_envoy_limits_on_three_instances_never_admit_more_than_the_quota() {
     if let Err(e) = result {
         panic!("{e}");
     }
+    assert!(
+        (1.0..admitted as f64 / 2.0).contains(&reservations),
+        "{reservations} slice reservations for {admitted} admissions"
+    );
+}
+
+/// `sluice_lease_reservations_total` of this test's policies (every server of the process
+/// shares one metrics recorder, so one server shows all three instances').
+async fn lease_reservations(s: &TestServer) -> f64 {
+    let text = crate::support::client()
+        .get(s.url("/metrics"))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("sluice_lease_reservations_total") && l.contains("rls_leased_"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 #[test]
@@ -197,7 +226,7 @@ fn leased_mode_on_a_sliding_window_is_refused_at_its_line() {
         .unwrap_err()
         .to_string();
     assert!(
-        e.contains("edge.yaml:4: descriptors[0].rate_limit.mode: leased supports token-bucket, gcra and fixed-window, not sliding-counter"),
+        e.contains("edge.yaml:3: descriptors[0].rate_limit.mode: leased supports token-bucket, gcra and fixed-window, not sliding-counter"),
         "{e}"
     );
     let _ = std::fs::remove_dir_all(&dir);
