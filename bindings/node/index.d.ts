@@ -79,6 +79,8 @@ export declare class Policy {
   readonly quota: number;
   /** The window shown to clients, in ms. */
   readonly windowMs: number;
+  /** True when checks take leases that `release` gives back (concurrency). */
+  readonly holdsLeases: boolean;
   readonly failureMode: FailureMode;
   readonly shadow: boolean;
   readonly shards: number;

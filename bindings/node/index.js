@@ -77,7 +77,7 @@ const takesLeases = new WeakMap();
 function leasing(policy) {
   let known = takesLeases.get(policy);
   if (known === undefined) {
-    known = policy.algorithm === 'concurrency';
+    known = policy.holdsLeases;
     takesLeases.set(policy, known);
   }
   return known;

@@ -186,6 +186,13 @@ impl Policy {
         number(self.inner.algorithm.window_ms())
     }
 
+    /// True when admissions take leases a release gives back (concurrency), as the core
+    /// registry says.
+    #[napi(getter)]
+    pub fn holds_leases(&self) -> bool {
+        self.inner.algorithm.holds_leases()
+    }
+
     /// `open`, `closed` or `local`.
     #[napi(getter)]
     pub fn failure_mode(&self) -> String {

@@ -6,7 +6,6 @@
 use std::process::Command;
 
 use serde_json::json;
-use sluice_core::algorithm::registry::AlgorithmKind;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -32,25 +31,23 @@ pub struct CeilingConfig {
 /// like-for-like parameters of [`crate::bench_algorithm`]; `None` for the algorithms whose
 /// entries need a unique token per call (sliding log, concurrency).
 pub fn script_and_args(algorithm: &str) -> Option<(&'static str, Vec<String>)> {
-    let kind = crate::algorithm_kind(algorithm).ok()?;
-    // The item's parameters after its Lua code and cost 1.
-    let params: [&str; 4] = match kind {
-        AlgorithmKind::TokenBucket | AlgorithmKind::LeakyBucket => ["10", "1", "200", "0"],
-        AlgorithmKind::Gcra => ["200000", "9", "0", "0"],
-        AlgorithmKind::FixedWindow | AlgorithmKind::SlidingWindowCounter => {
-            ["10", "2000", "0", "0"]
-        }
-        AlgorithmKind::SlidingWindowLog | AlgorithmKind::Concurrency => return None,
-    };
-    let name = kind.name();
-    let item = [kind.lua_code(), "1"].into_iter().chain(params);
+    let (alg, code) = crate::bench_algorithm(algorithm).ok()?;
+    if alg.stores_member(1) {
+        return None;
+    }
+    let name = alg.kind();
+    // The item: its Lua code, cost 1, then the parameters the store encodes.
+    let params = alg.store_params().map(|p| p.to_string());
+    let item = [code.to_string(), "1".to_string()]
+        .into_iter()
+        .chain(params);
     let src = sluice_redis::scripts()
         .into_iter()
         .find(|(n, _)| *n == name)?
         .1;
     // now "" (server TIME), pad 0, the item, token "".
     let mut args = vec![String::new(), "0".to_string()];
-    args.extend(item.map(str::to_string));
+    args.extend(item);
     args.push(String::new());
     Some((src, args))
 }
@@ -193,5 +190,8 @@ mod tests {
         assert_eq!(args, ["", "0", "tb", "1", "10", "1", "200", "0", ""]);
         let (_, args) = script_and_args("sliding-window-counter").unwrap();
         assert_eq!(args, ["", "0", "swc", "1", "10", "2000", "0", "0", ""]);
+        // GCRA at 5/s: its emission interval in µs, then the burst.
+        let (_, args) = script_and_args("gcra").unwrap();
+        assert_eq!(args, ["", "0", "gcra", "1", "200000", "9", "0", "0", ""]);
     }
 }

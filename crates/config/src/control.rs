@@ -164,8 +164,8 @@ pub fn overlay(policy: &Policy, text: &ParamsText) -> Result<Algorithm, String> 
             .join("; ")
     })?;
     // A calendar window keeps its period unless the override gives a window of its own.
-    let a = match policy.algorithm {
-        Algorithm::CalendarWindow { period, .. } if text.window.is_none() => {
+    let a = match policy.algorithm.calendar_period() {
+        Some(period) if text.window.is_none() => {
             a.on_calendar(period).map_err(|e| e.to_string())?
         }
         _ => a,

@@ -20,7 +20,7 @@
 //! Concurrency policies are not affected: they hold their lease from the check on, as always.
 
 use http::StatusCode;
-use sluice::{Algorithm, Checked, Identity, Limiter, Policy};
+use sluice::{Checked, Identity, Limiter, Policy};
 
 /// Which responses a rule charges its cost for.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -91,7 +91,7 @@ pub struct UpstreamFailed;
 /// Whether a policy's reservation is settled by outcome. Concurrency is about requests in
 /// flight, not outcomes, so its lease is released when the request ends whatever it counts.
 fn settled_by_outcome(policy: &Policy) -> bool {
-    !matches!(policy.algorithm, Algorithm::Concurrency { .. })
+    !policy.algorithm.holds_leases()
 }
 
 /// What settling an uncounted response came to.

@@ -2,8 +2,9 @@
 //! are denied in-process until T, with no store round trip, so a flood of denied traffic costs
 //! Redis nothing.
 //!
-//! # Why it is exact for token bucket, GCRA and fixed window
-//! For these algorithms nothing but time makes room: a denied request of cost `c` whose store
+//! # Why it is exact for token bucket, GCRA and fixed (and calendar) windows
+//! For these algorithms ([`Algorithm::denial_holds`] in the core registry) nothing but time
+//! makes room: a denied request of cost `c` whose store
 //! answered `retry_after_ms = R` cannot be admitted — by this process or any other — before the
 //! store's clock has moved `R` ms past the moment it decided (other clients only consume, which
 //! moves the time further out), and a request of cost `c' >= c` needs at least as long. The
@@ -53,15 +54,8 @@ impl DenyCacheMode {
     pub fn caches(self, algorithm: &Algorithm) -> bool {
         match self {
             DenyCacheMode::Off => false,
-            DenyCacheMode::Auto | DenyCacheMode::Exact => {
-                matches!(
-                    algorithm,
-                    Algorithm::TokenBucket { .. }
-                        | Algorithm::Gcra { .. }
-                        | Algorithm::FixedWindow { .. }
-                )
-            }
-            DenyCacheMode::All => !matches!(algorithm, Algorithm::Concurrency { .. }),
+            DenyCacheMode::Auto | DenyCacheMode::Exact => algorithm.denial_holds(),
+            DenyCacheMode::All => !algorithm.holds_leases(),
         }
     }
 

@@ -8,7 +8,7 @@
 
 use std::fmt::Write as _;
 
-use sluice_core::{Algorithm, Identity, KeyScheme, LeaseId, Policy};
+use sluice_core::{Identity, KeyScheme, LeaseId, Policy};
 
 use crate::limiter::{Checked, Lease};
 
@@ -178,7 +178,7 @@ impl LeaseToken {
                     return Err(LeaseTokenError::OtherIdentity);
                 }
                 let algorithm = p.shard_algorithm();
-                if !matches!(algorithm, Algorithm::Concurrency { .. }) {
+                if !algorithm.holds_leases() {
                     return Err(LeaseTokenError::NotConcurrency(l.policy.clone()));
                 }
                 Ok(Lease {
@@ -194,6 +194,7 @@ impl LeaseToken {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_core::Algorithm;
 
     fn uploads(shards: u32) -> Policy {
         let mut p = Policy::new(

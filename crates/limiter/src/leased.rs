@@ -266,23 +266,16 @@ impl LeaseTable {
         slot.store_remaining = d.remaining;
         slot.reset_at = sent + d.reset_after_ms * 1000;
         slot.limit = d.limit;
-        slot.bound = match *algorithm {
+        slot.bound = match algorithm.token_refill() {
             // `remaining` is the level rounded down: the level is below `remaining + 1`.
-            // The token bucket refills by whole milliseconds since its last update, which
-            // may credit up to 1 ms more than the time elapsed; GCRA counts µs.
-            Algorithm::TokenBucket { capacity, rate } => Bound::Refill {
-                room: capacity.saturating_sub(d.remaining + 1),
-                rate,
-                slack_us: 1000,
-            },
-            Algorithm::Gcra { rate, burst } => Bound::Refill {
-                room: (burst + 1).saturating_sub(d.remaining + 1),
-                rate,
-                slack_us: 0,
+            Some(refill) => Bound::Refill {
+                room: refill.capacity.saturating_sub(d.remaining + 1),
+                rate: refill.rate,
+                slack_us: refill.slack_us,
             },
             // The window ends `reset_after_ms` after the store's now, which is no earlier than
             // `sent`; its whole-ms arithmetic may put the end up to 1 ms before that.
-            _ => Bound::Window {
+            None => Bound::Window {
                 end: (sent + d.reset_after_ms * 1000).saturating_sub(1000),
             },
         };

@@ -87,11 +87,6 @@ impl Algorithm {
         }
         p
     }
-
-    /// Whether admissions take leases that a release gives back (concurrency).
-    pub fn holds_leases(&self) -> bool {
-        self.algorithm_kind().info().leases
-    }
 }
 
 /// `<name> <param>=<value> ...` in the registry's parameter order, each value spelled as the

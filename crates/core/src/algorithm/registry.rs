@@ -130,6 +130,10 @@ pub struct AlgorithmInfo {
     pub leases: bool,
     /// An admission stores an entry under a unique member (a log entry or a lease).
     pub members: bool,
+    /// After a denial nothing but time makes room (other clients only consume), so the
+    /// `retry_after` the store answered holds for every process: the deny cache's exact mode
+    /// caches these denials (`sluice::DenyCacheMode`).
+    pub denial_holds: bool,
 }
 
 /// The registry, in the order the algorithms are listed everywhere.
@@ -143,6 +147,7 @@ pub static ALGORITHMS: [AlgorithmInfo; 7] = [
         step: true,
         leases: false,
         members: false,
+        denial_holds: true,
     },
     AlgorithmInfo {
         kind: AlgorithmKind::Gcra,
@@ -153,6 +158,7 @@ pub static ALGORITHMS: [AlgorithmInfo; 7] = [
         step: true,
         leases: false,
         members: false,
+        denial_holds: true,
     },
     AlgorithmInfo {
         kind: AlgorithmKind::LeakyBucket,
@@ -163,6 +169,7 @@ pub static ALGORITHMS: [AlgorithmInfo; 7] = [
         step: true,
         leases: false,
         members: false,
+        denial_holds: false,
     },
     AlgorithmInfo {
         kind: AlgorithmKind::FixedWindow,
@@ -173,6 +180,7 @@ pub static ALGORITHMS: [AlgorithmInfo; 7] = [
         step: true,
         leases: false,
         members: false,
+        denial_holds: true,
     },
     AlgorithmInfo {
         kind: AlgorithmKind::SlidingWindowCounter,
@@ -183,6 +191,7 @@ pub static ALGORITHMS: [AlgorithmInfo; 7] = [
         step: true,
         leases: false,
         members: false,
+        denial_holds: false,
     },
     AlgorithmInfo {
         kind: AlgorithmKind::SlidingWindowLog,
@@ -193,6 +202,7 @@ pub static ALGORITHMS: [AlgorithmInfo; 7] = [
         step: false,
         leases: false,
         members: true,
+        denial_holds: false,
     },
     AlgorithmInfo {
         kind: AlgorithmKind::Concurrency,
@@ -203,6 +213,7 @@ pub static ALGORITHMS: [AlgorithmInfo; 7] = [
         step: false,
         leases: true,
         members: true,
+        denial_holds: false,
     },
 ];
 

@@ -1,7 +1,9 @@
 //! What each algorithm's parameters amount to, written once next to the registry: the quota
 //! and window clients are shown, the same algorithm at a scaled quota (a shard of a hot key,
-//! an instance's local share), and the numbers a store's scripts take. The stores ask these
-//! methods instead of matching on [`Algorithm`] themselves, so a new algorithm is described
+//! an instance's local share), the numbers a store's scripts take, and the traits the limiter,
+//! the HTTP layer and the tools ask about (leases, whether a denial holds until its retry,
+//! how a bucket refills, a calendar period). They ask these methods instead of matching on
+//! [`Algorithm`] themselves, so a new algorithm is described
 //! here and in its own module, not again in every store.
 
 use crate::algorithm::calendar::CalendarPeriod;
@@ -160,6 +162,48 @@ impl Algorithm {
         }
     }
 
+    /// Whether admissions take leases that a release gives back (concurrency): such a
+    /// policy is about requests in flight, so it is neither reserved from nor settled by a
+    /// response's outcome, and its denials are never cached.
+    pub fn holds_leases(&self) -> bool {
+        self.algorithm_kind().info().leases
+    }
+
+    /// Whether, after a denial, only time makes room ([`crate::algorithm::registry::AlgorithmInfo::denial_holds`]:
+    /// token bucket, GCRA, fixed and calendar windows).
+    pub fn denial_holds(&self) -> bool {
+        self.algorithm_kind().info().denial_holds
+    }
+
+    /// The calendar period of a calendar window; `None` for every other algorithm.
+    pub fn calendar_period(&self) -> Option<CalendarPeriod> {
+        match *self {
+            Algorithm::CalendarWindow { period, .. } => Some(period),
+            _ => None,
+        }
+    }
+
+    /// How a token bucket or GCRA refills, for bounding what was taken from it: `None` for
+    /// the others (the windows empty at their end; the leaky bucket's level is its own).
+    pub fn token_refill(&self) -> Option<TokenRefill> {
+        match *self {
+            // The token bucket refills by whole milliseconds since its last update, which
+            // may credit up to 1 ms more than the time elapsed.
+            Algorithm::TokenBucket { capacity, rate } => Some(TokenRefill {
+                capacity,
+                rate,
+                slack_us: 1000,
+            }),
+            // GCRA admits `burst + 1` at once and counts µs.
+            Algorithm::Gcra { rate, burst } => Some(TokenRefill {
+                capacity: burst + 1,
+                rate,
+                slack_us: 0,
+            }),
+            _ => None,
+        }
+    }
+
     /// Whether an admission at `cost` takes a lease, which a release gives back.
     pub fn takes_lease(&self, cost: u64) -> bool {
         cost > 0 && self.algorithm_kind().info().leases
@@ -170,6 +214,17 @@ impl Algorithm {
     pub fn stores_member(&self, cost: u64) -> bool {
         cost > 0 && self.algorithm_kind().info().members
     }
+}
+
+/// A bucket that refills continuously ([`Algorithm::token_refill`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TokenRefill {
+    /// The most it admits at once.
+    pub capacity: u64,
+    /// Units refilled per period.
+    pub rate: Rate,
+    /// How far ahead of the time elapsed the store's refill may credit, in µs.
+    pub slack_us: u64,
 }
 
 /// The GCRA emission interval in µs, as `docs/algorithms.md` defines it (at least 1).

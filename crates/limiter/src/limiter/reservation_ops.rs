@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use sluice_core::algorithm::Adjustment;
 use sluice_core::policy::MAX_EXACT;
-use sluice_core::{Algorithm, Identity, Policy, StoreError};
+use sluice_core::{Identity, Policy, StoreError};
 
 use super::{Limiter, Verdict};
 use crate::control::Screen;
@@ -30,7 +30,7 @@ impl Limiter {
         max_cost: u64,
         ttl: Duration,
     ) -> Result<Reserved, StoreError> {
-        if matches!(policy.algorithm, Algorithm::Concurrency { .. }) {
+        if policy.algorithm.holds_leases() {
             return Err(StoreError::Invalid(format!(
                 "policy {} is a concurrency limit: it holds leases, not costs, so it cannot be reserved from",
                 policy.name
