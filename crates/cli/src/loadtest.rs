@@ -315,7 +315,7 @@ pub async fn run(args: &LoadtestArgs) -> Result<LoadReport, String> {
         admitted,
         limited,
         predicted_admitted,
-        policy: algorithm.as_ref().map(describe),
+        policy: algorithm.as_ref().map(Algorithm::to_string),
         latency_ms: Latency {
             p50: percentile(&lat, 0.50),
             p90: percentile(&lat, 0.90),
@@ -329,34 +329,6 @@ pub async fn run(args: &LoadtestArgs) -> Result<LoadReport, String> {
             .map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     }
     Ok(report)
-}
-
-/// The policy in words, as the reports print it.
-pub fn describe(a: &Algorithm) -> String {
-    match a {
-        Algorithm::TokenBucket { capacity, rate } => {
-            format!("token-bucket capacity={capacity} rate={rate}")
-        }
-        Algorithm::Gcra { rate, burst } => format!("gcra rate={rate} burst={burst}"),
-        Algorithm::LeakyBucket {
-            capacity,
-            rate,
-            mode,
-        } => format!("leaky-bucket capacity={capacity} rate={rate} mode={mode:?}"),
-        Algorithm::FixedWindow { limit, window_ms }
-        | Algorithm::SlidingWindowCounter { limit, window_ms }
-        | Algorithm::SlidingWindowLog { limit, window_ms } => {
-            format!(
-                "{} limit={limit} window={}",
-                a.kind(),
-                sluice_core::policy::format_duration_ms(*window_ms)
-            )
-        }
-        Algorithm::CalendarWindow { limit, period } => {
-            format!("fixed-window limit={limit} window=\"{period}\"")
-        }
-        Algorithm::Concurrency { limit, .. } => format!("concurrency limit={limit}"),
-    }
 }
 
 fn draw_progress(done: u64, total: u64) {
