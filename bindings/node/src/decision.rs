@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use napi_derive::napi;
 use sluice::{Checked, DenyReason, LeaseToken, Verdict};
 use sluice_http::HeaderOptions;
-use sluice_http::headers::{display_header_name, lead_of, rate_limit_headers};
+use sluice_http::headers::{lead_of, rate_limit_header_pairs};
 
 use crate::number;
 
@@ -66,15 +66,7 @@ impl CheckedJs {
             _ if checked.allowed => None,
             _ => leader.and_then(|s| s.decision.reason).map(reason_name),
         };
-        let headers = rate_limit_headers(checked, opts)
-            .into_iter()
-            .map(|(n, v)| {
-                (
-                    display_header_name(n.as_str()),
-                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                )
-            })
-            .collect();
+        let headers = rate_limit_header_pairs(checked, opts).into_iter().collect();
         Self {
             allowed: checked.allowed,
             remaining: number(leader.map_or(0, |s| s.remaining())),

@@ -4,7 +4,7 @@
 //! This is the glue a second binding (Node) would share: [`Summary::of`] reads a
 //! [`Checked`] the way `sluice serve`'s decision API does (the leading decision of
 //! `sluice_http::headers::lead_of`, numbers scaled for sharded policies by `Shown`) and
-//! takes the header values from `sluice_http::headers::rate_limit_headers`, so the numbers,
+//! takes the header values from `sluice_http::headers::rate_limit_header_pairs`, so the numbers,
 //! the `RateLimit` fields and `Retry-After` match the Rust layer and the server byte for
 //! byte.
 
@@ -12,7 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use sluice::{Checked, Lease, Limiter, Verdict};
 use sluice_http::HeaderOptions;
-use sluice_http::headers::{display_header_name, lead_of, rate_limit_headers};
+use sluice_http::headers::{lead_of, rate_limit_header_pairs};
 
 use crate::StoreError;
 
@@ -50,15 +50,7 @@ impl Summary {
             _ if checked.allowed => None,
             _ => reason,
         };
-        let headers = rate_limit_headers(checked, opts)
-            .into_iter()
-            .map(|(n, v)| {
-                (
-                    display_header_name(n.as_str()),
-                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                )
-            })
-            .collect();
+        let headers = rate_limit_header_pairs(checked, opts);
         Self {
             allowed: checked.allowed,
             limit,

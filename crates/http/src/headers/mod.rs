@@ -210,6 +210,20 @@ pub fn rate_limit_headers(
     out
 }
 
+/// [`rate_limit_headers`] as `(name, value)` text, the names spelled as clients usually write
+/// them ([`display_header_name`]): what the Python and Node bindings hand their callers.
+pub fn rate_limit_header_pairs(checked: &Checked, opts: &HeaderOptions) -> Vec<(String, String)> {
+    rate_limit_headers(checked, opts)
+        .into_iter()
+        .map(|(n, v)| {
+            (
+                display_header_name(n.as_str()),
+                String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            )
+        })
+        .collect()
+}
+
 /// The same headers for a list of `(policy, decision)`, as a service that does not hold a
 /// [`Checked`] has them. `Retry-After` is added when a decision denied.
 pub fn rate_limit_headers_for(
