@@ -92,6 +92,18 @@ impl Slot {
         if at >= self.expires {
             return 0;
         }
+        self.held_within_bound(at)
+    }
+
+    /// Units that may go back to the store by a refund sent at `at` that reaches the store
+    /// within `margin_us`.
+    pub(super) fn refundable(&self, at: Timestamp, margin_us: u64) -> u64 {
+        self.held_within_bound(at.saturating_add(margin_us))
+    }
+
+    /// The units held that the store's state still leaves room for at `at`: none once the
+    /// window has ended, and no more than the room a bucket has not refilled by then.
+    fn held_within_bound(&self, at: Timestamp) -> u64 {
         match self.bound {
             Bound::Window { end } if at >= end => 0,
             Bound::Window { .. } => self.held,
@@ -102,25 +114,6 @@ impl Slot {
             } => self.held.min(room.saturating_sub(refilled(
                 rate,
                 at.saturating_sub(self.taken),
-                slack_us,
-            ))),
-        }
-    }
-
-    /// Units that may go back to the store by a refund sent at `at` that reaches the store
-    /// within `margin_us`.
-    pub(super) fn refundable(&self, at: Timestamp, margin_us: u64) -> u64 {
-        let arrives = at.saturating_add(margin_us);
-        match self.bound {
-            Bound::Window { end } if arrives >= end => 0,
-            Bound::Window { .. } => self.held,
-            Bound::Refill {
-                room,
-                rate,
-                slack_us,
-            } => self.held.min(room.saturating_sub(refilled(
-                rate,
-                arrives.saturating_sub(self.taken),
                 slack_us,
             ))),
         }
