@@ -67,52 +67,65 @@ impl RateLimitStats {
     }
 }
 
-/// `sluice_http_requests_total{outcome}` + 1. A literal label makes the metric key a static
-/// one (no allocation per request), so each outcome the layer counts is spelled out here.
-fn requests_total(outcome: &'static str) {
-    macro_rules! literal {
-        ($($name:literal),*) => {
+/// Writes [`requests_total`] with one literal arm per outcome, and the list of those
+/// outcomes, from one list.
+macro_rules! literal_outcomes {
+    ($($name:literal),*) => {
+        /// The outcomes [`requests_total`] has a literal label for.
+        #[cfg(test)]
+        const LITERAL_OUTCOMES: &[&str] = &[$($name),*];
+
+        /// `sluice_http_requests_total{outcome}` + 1. A literal label makes the metric key a
+        /// static one (no allocation per request), so each outcome the layer counts is
+        /// spelled out here.
+        fn requests_total(outcome: &'static str) {
             match outcome {
                 $($name => metrics::counter!("sluice_http_requests_total", "outcome" => $name).increment(1),)*
                 other => metrics::counter!("sluice_http_requests_total", "outcome" => other).increment(1),
             }
-        };
-    }
-    literal!(
-        "allowed",
-        "denied",
-        "control_refused",
-        "failed_open",
-        "failed_closed",
-        "unlimited",
-        "charged",
-        "refunded",
-        "refund_failed",
-        "bad_path"
-    );
+        }
+    };
 }
+
+literal_outcomes!(
+    "allowed",
+    "denied",
+    "control_refused",
+    "failed_open",
+    "failed_closed",
+    "unlimited",
+    "charged",
+    "refunded",
+    "refund_failed",
+    "bad_path"
+);
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    use crate::decide::Outcome;
     use sluice_testkit::metrics::KeyLog;
 
     #[test]
     fn every_outcome_is_counted_under_its_own_label() {
-        let outcomes = [
-            "allowed",
-            "denied",
-            "control_refused",
-            "failed_open",
-            "failed_closed",
-            "unlimited",
-            "charged",
-            "refunded",
-            "refund_failed",
-            "bad_path",
-            "some_new_outcome",
-        ];
+        let outcomes: Vec<&'static str> = LITERAL_OUTCOMES
+            .iter()
+            .copied()
+            .chain(["some_new_outcome"])
+            .collect();
+        // Every outcome a decision can end in has its literal arm.
+        for o in [
+            Outcome::Unlimited,
+            Outcome::Allowed,
+            Outcome::FailedOpen,
+            Outcome::Denied,
+            Outcome::ControlRefused,
+            Outcome::FailedClosed,
+            Outcome::BadPath,
+        ] {
+            assert!(LITERAL_OUTCOMES.contains(&o.as_str()), "{o}");
+        }
         let log = KeyLog::default();
         metrics::with_local_recorder(&log, || outcomes.iter().for_each(|o| requests_total(o)));
         let want: Vec<String> = outcomes
