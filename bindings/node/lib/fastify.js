@@ -6,9 +6,17 @@
 // and problem+json body). An admitted request is settled by its status in `onSend`, which
 // sets the RateLimit fields. The plugin is not encapsulated (like fastify-plugin does it),
 // so it limits every route of the app it is registered on.
+//
+// Fastify has matched the route before `onRequest` runs. When the guard normalized the path
+// (`/%6cogin`, `//login`, `/a/../login` are all `/login`), the request is routed again with
+// the normal form, as `sluice serve`'s proxy forwards it, so the handler that runs is the one
+// for the path that was limited; the second pass carries the first one's verdict (one check).
 'use strict';
 
 const { guardFactory, releaseOnClose } = require('./guard');
+
+/** The verdict of a request routed again with its normalized path. */
+const DECIDED = Symbol('sluice.decided');
 
 async function sluicePlugin(fastify, options) {
   const guardOf = guardFactory(options);
@@ -17,7 +25,18 @@ async function sluicePlugin(fastify, options) {
   fastify.addHook('onRequest', async (request, reply) => {
     const guard = await guardOf();
     const raw = request.raw;
-    const verdict = await guard.decide(raw.method, raw.url, raw.rawHeaders, raw.socket.remoteAddress ?? null);
+    let verdict = raw[DECIDED];
+    if (verdict === undefined) {
+      verdict = await guard.decide(raw.method, raw.url, raw.rawHeaders, raw.socket.remoteAddress ?? null);
+      if (verdict.allowed && verdict.path != null) {
+        const q = raw.url.indexOf('?');
+        raw.url = verdict.path + (q >= 0 ? raw.url.slice(q) : '');
+        raw[DECIDED] = verdict;
+        reply.hijack();
+        fastify.routing(raw, reply.raw);
+        return reply;
+      }
+    }
     if (verdict.identity != null) request.sluiceIdentity = verdict.identity;
     if (!verdict.allowed) {
       const h = verdict.headers;

@@ -83,6 +83,10 @@ pub struct GuardVerdict {
     pub verdict: Option<String>,
     /// An admitted, limited request's ticket for `guard.finish` and `guard.release`.
     pub ticket: Option<u32>,
+    /// When admitted: the normalized path the request was matched and limited as, if it
+    /// differs from the path received (percent-encoded, no query). The middleware hand the
+    /// application this path, as `sluice serve`'s proxy forwards it.
+    pub path: Option<String>,
 }
 
 /// What `guard.finish` gives: the headers to add, and whether leases wait for `release`.
@@ -303,11 +307,13 @@ impl HttpGuard {
                     identity: r.identity.map(|i| i.as_str().to_string()),
                     verdict: r.verdict.as_ref().map(|v| verdict_name(v).to_string()),
                     ticket: None,
+                    path: None,
                 },
                 Pass::Admit(a) => {
                     let limited = a.is_limited();
                     let identity = a.identity().map(|i| i.as_str().to_string());
                     let verdict = a.verdict().map(|v| verdict_name(v).to_string());
+                    let path = a.normalized_path().map(str::to_string);
                     let ticket = limited.then(|| {
                         let id = next.fetch_add(1, Ordering::Relaxed);
                         tickets
@@ -325,6 +331,7 @@ impl HttpGuard {
                         identity,
                         verdict,
                         ticket,
+                        path,
                     }
                 }
             })

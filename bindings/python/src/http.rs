@@ -72,6 +72,11 @@ pub struct HttpVerdict {
     /// `decided`, `failed_open` or `failed_closed`; `None` when not limited.
     #[pyo3(get)]
     verdict: Option<&'static str>,
+    /// When admitted: the normalized path the request was matched and limited as, if it
+    /// differs from the path received (percent-encoded, no query). The middleware hand the
+    /// application this path, as `sluice serve`'s proxy forwards it.
+    #[pyo3(get)]
+    path: Option<String>,
     /// The admission until `finish`.
     admitted: Mutex<Option<Admitted>>,
     /// The leases after `finish`, until `release`.
@@ -105,6 +110,7 @@ impl HttpVerdict {
                 body: r.body.to_vec(),
                 identity: r.identity.map(|i| i.as_str().to_string()),
                 verdict: r.verdict.as_ref().map(verdict_name),
+                path: None,
                 admitted: Mutex::new(None),
                 done: Arc::default(),
             },
@@ -116,6 +122,7 @@ impl HttpVerdict {
                 body: Vec::new(),
                 identity: a.identity().map(|i| i.as_str().to_string()),
                 verdict: a.verdict().map(verdict_name),
+                path: a.normalized_path().map(str::to_string),
                 admitted: Mutex::new(Some(a)),
                 done: Arc::default(),
             },

@@ -41,6 +41,8 @@ pub enum Pass {
 pub struct Admitted {
     /// Outermost first.
     admissions: Vec<Admission>,
+    /// The normalized path, when it differs from the one received.
+    normalized_path: Option<String>,
 }
 
 /// A request finished: what to add to its response, and its leases until the response ends.
@@ -73,20 +75,23 @@ impl Middleware {
         }
     }
 
-    /// The answer to a request with this head.
+    /// The answer to a request with this head. An admitted request's path is matched, and
+    /// must reach the application, in its normal form ([`Admitted::normalized_path`]).
     pub async fn decide(&self, head: RequestHead) -> Pass {
-        let path = match sluice_http::path::normalize_uri(&head.uri) {
-            Ok(None) => head.uri.path().to_string(),
-            Ok(Some(normal)) => normal.path().to_string(),
+        let normalized_path = match sluice_http::path::normalize_uri(&head.uri) {
+            Ok(None) => None,
+            Ok(Some(normal)) => Some(normal.path().to_string()),
             Err(e) => return Pass::Refuse(Refusal::bad_request(e.message())),
         };
+        let path = normalized_path.as_deref().unwrap_or(head.uri.path());
         let Some((_, deciders)) = self
             .routes
             .iter()
-            .find(|(rule, _)| rule.matches(&head.method, &path))
+            .find(|(rule, _)| rule.matches(&head.method, path))
         else {
             return Pass::Admit(Admitted {
                 admissions: Vec::new(),
+                normalized_path,
             });
         };
         let mut admissions = Vec::with_capacity(deciders.len());
@@ -103,7 +108,10 @@ impl Middleware {
                 }
             }
         }
-        Pass::Admit(Admitted { admissions })
+        Pass::Admit(Admitted {
+            admissions,
+            normalized_path,
+        })
     }
 }
 
@@ -124,6 +132,15 @@ async fn finish_into(
 }
 
 impl Admitted {
+    /// The path the request was matched and limited as ([`sluice_http::path::normalize`]:
+    /// unreserved characters decoded, dot segments resolved, repeated slashes merged), when
+    /// it differs from the path received; `None` when the received path is already normal.
+    /// The middleware hand the application this path, as `sluice serve`'s proxy forwards
+    /// it, so the application routes the request that was limited and not another spelling.
+    pub fn normalized_path(&self) -> Option<&str> {
+        self.normalized_path.as_deref()
+    }
+
     /// False when no route (or a route without policies) covers the request.
     pub fn is_limited(&self) -> bool {
         self.admissions.iter().any(Admission::is_limited)

@@ -21,11 +21,17 @@ admitted response is settled by its status when it starts (a route counting by o
 refunds what it does not count) and gets the ``RateLimit`` fields; concurrency leases are
 released when the response has been sent (or the app raised). The identity is put in ``scope["state"]["sluice_identity"]``
 (``request.state.sluice_identity`` in Starlette).
+
+The app is called with the path the request was limited as: when the guard normalized it
+(``/%6cogin``, ``//login`` and ``/a/../login`` are all ``/login``), ``scope["path"]`` and
+``scope["raw_path"]`` are that normal form, as ``sluice serve``'s proxy forwards it, so the
+app's router serves the route that was limited and not another spelling of it.
 """
 
 from __future__ import annotations
 
 from typing import Any, Awaitable, Callable, MutableMapping
+from urllib.parse import unquote
 
 from ._rules import build_guard
 
@@ -43,6 +49,13 @@ def request_target(scope: Scope) -> str:
     path = raw.decode("latin-1") if raw else scope.get("root_path", "") + scope["path"]
     query = scope.get("query_string")
     return f"{path}?{query.decode('latin-1')}" if query else path
+
+
+def use_normalized_path(scope: Scope, path: str) -> None:
+    """Hands the app ``path`` (percent-encoded, the full path the guard limited): as
+    ``raw_path``, and decoded as ``path`` the way ASGI servers decode it."""
+    scope["raw_path"] = path.encode("latin-1")
+    scope["path"] = unquote(path)
 
 
 def _encoded(headers) -> list:
@@ -71,6 +84,8 @@ class RateLimitMiddleware:
                 scope.setdefault("state", {})["sluice_identity"] = verdict.identity
             await send_denial(send, verdict)
             return
+        if verdict.path is not None:
+            use_normalized_path(scope, verdict.path)
         if not verdict.limited:
             await self.app(scope, receive, send)
             return

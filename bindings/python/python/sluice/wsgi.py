@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from http import HTTPStatus
 from typing import Any, Callable, Iterable, List, Tuple
-from urllib.parse import quote
+from urllib.parse import quote, unquote_to_bytes
 
 from ._rules import build_guard
 
@@ -70,6 +70,23 @@ class _Releasing:
             self._verdict.release_sync()
 
 
+def use_normalized_path(environ, path: str) -> None:
+    """Hands the app ``path`` (percent-encoded, the full path the guard limited): decoded
+    into ``PATH_INFO`` after ``SCRIPT_NAME`` (bytes as latin-1, as PEP 3333 has it), and as
+    ``RAW_URI`` / ``REQUEST_URI`` with the query where the server set those. A path that left
+    ``SCRIPT_NAME`` (``/app/../admin`` under ``/app``) is not this app's: it goes on as ``/``."""
+    decoded = unquote_to_bytes(path).decode("latin-1")
+    script = environ.get("SCRIPT_NAME", "")
+    if script:
+        inside = decoded == script or decoded.startswith(script + "/")
+        decoded = (decoded[len(script):] or "/") if inside else "/"
+    environ["PATH_INFO"] = decoded
+    query = environ.get("QUERY_STRING")
+    for key in ("RAW_URI", "REQUEST_URI"):
+        if key in environ:
+            environ[key] = f"{path}?{query}" if query else path
+
+
 def request_target(environ) -> str:
     """The target as sent when the server gives it (``RAW_URI``, ``REQUEST_URI``), else the
     path re-encoded with the query."""
@@ -102,6 +119,8 @@ class RateLimitMiddleware:
             headers = list(verdict.headers) + [("Content-Length", str(len(body)))]
             start_response(status_line(verdict.status), headers)
             return [body]
+        if verdict.path is not None:
+            use_normalized_path(environ, verdict.path)
         if not verdict.limited:
             return self.app(environ, start_response)
         environ["sluice.identity"] = verdict.identity
