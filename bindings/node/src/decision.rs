@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use napi_derive::napi;
 use sluice::{Checked, DenyReason, LeaseToken, Verdict};
 use sluice_http::HeaderOptions;
-use sluice_http::headers::{lead_of, rate_limit_header_pairs};
+use sluice_http::headers::{display_header_name, lead_of, rate_limit_headers};
 
 use crate::number;
 
@@ -56,17 +56,31 @@ fn reason_name(reason: DenyReason) -> String {
     }
 }
 
+/// Why `checked` was denied, as [`CheckedJs::reason`] says it (`None` when admitted);
+/// `leader_reason` is the reason of the leading decision.
+pub(crate) fn reason_of(checked: &Checked, leader_reason: Option<DenyReason>) -> Option<String> {
+    match checked.verdict {
+        Verdict::FailedClosed(_) => Some("store_unavailable".to_string()),
+        _ if checked.allowed => None,
+        _ => leader_reason.map(reason_name),
+    }
+}
+
 impl CheckedJs {
     /// The result of `checked`, with headers as `opts` says.
     pub(crate) fn of(checked: &Checked, opts: &HeaderOptions) -> Self {
         let lead = lead_of(checked);
         let leader = lead.leader;
-        let reason = match checked.verdict {
-            Verdict::FailedClosed(_) => Some("store_unavailable".to_string()),
-            _ if checked.allowed => None,
-            _ => leader.and_then(|s| s.decision.reason).map(reason_name),
-        };
-        let headers = rate_limit_header_pairs(checked, opts).into_iter().collect();
+        let reason = reason_of(checked, leader.and_then(|s| s.decision.reason));
+        let headers = rate_limit_headers(checked, opts)
+            .into_iter()
+            .map(|(n, v)| {
+                (
+                    display_header_name(n.as_str()),
+                    String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                )
+            })
+            .collect();
         Self {
             allowed: checked.allowed,
             remaining: number(leader.map_or(0, |s| s.remaining())),
