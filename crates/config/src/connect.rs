@@ -12,6 +12,15 @@ use crate::Config;
 /// Connects to the configured store and builds the limiter, with the file's `[lists]`,
 /// `[plans]` and `ban` rules installed in its control plane.
 pub async fn connect_limiter(config: &Config) -> Result<Limiter, StoreError> {
+    let limiter = connect_store_limiter(config).await?;
+    limiter.control().configure(config.control.clone());
+    Ok(limiter)
+}
+
+/// The limiter on the configured store (timeout, key prefix, local share), its control plane
+/// connected to the same store but not yet configured: `sluice serve` configures it, and
+/// configures it again on a reload, itself.
+pub async fn connect_store_limiter(config: &Config) -> Result<Limiter, StoreError> {
     let url: StoreUrl = config.store.url.parse()?;
     let options = StoreOptions {
         timeout: config.store.timeout,
@@ -24,12 +33,10 @@ pub async fn connect_limiter(config: &Config) -> Result<Limiter, StoreError> {
     // Checked by the configuration (0 < share <= 1), so this cannot fail here.
     let share = LocalShare::new(config.store.local_share)
         .map_err(|e| StoreError::Invalid(format!("store.local_share: {e}")))?;
-    let limiter = Limiter::builder(store)
+    Ok(Limiter::builder(store)
         .control(control)
         .local_share(share)
         .timeout(config.store.timeout)
         .key_scheme(KeyScheme::with_prefix(config.store.key_prefix.clone()))
-        .build();
-    limiter.control().configure(config.control.clone());
-    Ok(limiter)
+        .build())
 }

@@ -55,7 +55,7 @@ use crate::envoy::Domains;
 use crate::limits::{ConnectionLimits, GrpcLimits};
 
 pub use access::Access;
-pub use connect::connect_limiter;
+pub use connect::{connect_limiter, connect_store_limiter};
 pub use envoy_section::load_domain_yaml;
 pub use error::{ConfigError, ConfigErrors, field_at, line_of};
 pub use identity::IdentitySource;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use parking_lot::RwLock;
 use sluice::core::store::CheckItem;
-use sluice::{Algorithm, KeyScheme, Limiter, StoreError, StoreOptions, StoreUrl};
+use sluice::{Algorithm, Limiter, StoreError};
 
 use crate::config::Config;
 
@@ -116,27 +116,11 @@ impl Shared {
     }
 }
 
-/// Builds the limiter a configuration asks for (connecting to its store).
+/// Builds the limiter a configuration asks for (connecting to its store), its control plane
+/// in the same store ([`crate::config::connect_store_limiter`]: the one builder `sluice serve`
+/// and the Python and Node packages share).
 pub async fn build_limiter(config: &Config) -> Result<Limiter, StoreError> {
-    let url: StoreUrl = config.store.url.parse()?;
-    let options = StoreOptions {
-        timeout: config.store.timeout,
-        max_keys: config.store.max_keys,
-        max_memory: Some(config.store.max_memory),
-        unresponsive_after: config.store.unresponsive_after,
-    };
-    // The control plane (overrides, bans, lists) lives in the same store.
-    let (store, control) =
-        sluice::control::connect(&url, &options, &config.store.key_prefix).await?;
-    // Checked by the configuration (0 < share <= 1), so this cannot fail here.
-    let share = sluice::LocalShare::new(config.store.local_share)
-        .map_err(|e| StoreError::Invalid(format!("store.local_share: {e}")))?;
-    Ok(Limiter::builder(store)
-        .control(control)
-        .local_share(share)
-        .timeout(config.store.timeout)
-        .key_scheme(KeyScheme::with_prefix(config.store.key_prefix.clone()))
-        .build())
+    crate::config::connect_store_limiter(config).await
 }
 
 /// [`crate::stats::prometheus::zero_series`] for the policies of `rt`.
