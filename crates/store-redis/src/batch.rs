@@ -15,9 +15,12 @@
 //! the per-item dispatch and argument parsing of the generic `lua/batch.lua` cost Redis more
 //! than the decision. Mixed batches keep `lua/batch.lua`.
 //!
-//! On a Cluster a batch is split per node and policy, one call each (see the one-policy
-//! script's Cluster form and `docs/redis.md`); only algorithms with a step are batched
-//! there.
+//! On a Cluster each node is a lane of its own (from the store's slot map): its items queue
+//! apart from the other nodes', it has at most [`NODE_IN_FLIGHT`] batch in flight, and its
+//! batch is split per policy, one call each (see the one-policy script's Cluster form and
+//! `docs/redis.md`); only algorithms with a step are batched there. Splitting one shared batch
+//! per node instead cut every node's calls to a third of the batch and kept them small (17
+//! items per call with 192 checks in flight on 3 masters, against 32 per node lane).
 //!
 //! Overload is not failure. The store's timeout bounds the script call alone (the runner
 //! applies it, once per [`MIN_BATCH`] items of the batch), never the time an item spends in
@@ -35,7 +38,7 @@
 //! Only script mode with the server's clock uses it (an injected clock gives each call its
 //! own `now`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -44,7 +47,7 @@ use std::time::{Duration, Instant};
 use redis::Value;
 use sluice_core::algorithm::AlgorithmKind;
 use sluice_core::{Algorithm, StoreError};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::protocol::{self, ROW};
 use crate::store::compensation::{Compensator, PendingRelease};
@@ -53,8 +56,14 @@ use crate::store::compensation::{Compensator, PendingRelease};
 pub(crate) const MIN_BATCH: usize = 64;
 /// Most items per script call (a batch of 512 costs Redis a few ms).
 pub(crate) const MAX_BATCH: usize = 512;
-/// Most batches in flight at once; beyond, items wait (and gather) in the queue.
+/// Most batches in flight at once to a standalone server; beyond, items wait (and gather) in
+/// the queue.
 pub(crate) const MAX_IN_FLIGHT: usize = 4;
+/// Most batches in flight at once to one Cluster node. One: a node's items gather while its
+/// batch runs, so its next call carries all of them. The checks in flight are spread over
+/// the nodes, so each node's share is small, and every extra call on a node pays the script's
+/// fixed cost again (measured in `docs/benchmarks.md`, "Redis Cluster").
+pub(crate) const NODE_IN_FLIGHT: usize = 1;
 /// Most items queued at once; a caller beyond waits for room, within the queue bound.
 pub(crate) const QUEUE_CAPACITY: usize = 65_536;
 
@@ -137,10 +146,10 @@ impl std::fmt::Debug for Batcher {
     }
 }
 
-/// The batch size for `queued` waiting items: an equal share per in-flight slot, within
-/// [`MIN_BATCH`]..=[`MAX_BATCH`].
-pub(crate) fn batch_size(queued: usize) -> usize {
-    queued.div_ceil(MAX_IN_FLIGHT).clamp(MIN_BATCH, MAX_BATCH)
+/// The batch size for `queued` waiting items of a lane with `slots` batches in flight at
+/// most: an equal share per slot, within [`MIN_BATCH`]..=[`MAX_BATCH`].
+pub(crate) fn batch_size(queued: usize, slots: usize) -> usize {
+    queued.div_ceil(slots.max(1)).clamp(MIN_BATCH, MAX_BATCH)
 }
 
 fn overloaded(what: &str, bound: Duration) -> StoreError {
@@ -277,10 +286,28 @@ async fn call_batch(
         .map_err(Err)
 }
 
+/// The items queued for one lane and the batches it has in flight.
+#[derive(Default)]
+struct Lane {
+    pending: VecDeque<Job>,
+    in_flight: usize,
+}
+
+/// Tells the batching task that a batch of lane `.1` is over when dropped, however its task
+/// ends (a panic too), so the lane's slot is never lost.
+struct Finished(mpsc::UnboundedSender<Option<u32>>, Option<u32>);
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        let _ = self.0.send(self.1);
+    }
+}
+
 impl Batcher {
     /// Spawns the batching task on the current tokio runtime. `pad` is ARGV[2] of every call;
     /// an item that waited longer than `queue_wait` is answered overloaded. `node_of` is set
-    /// on a Cluster: a batch is then split per node and policy, each part one call.
+    /// on a Cluster: each node is then a lane of its own, and a batch is split per policy,
+    /// each part one call.
     pub(crate) fn spawn(
         run: Runner,
         pad: String,
@@ -290,60 +317,103 @@ impl Batcher {
     ) -> Self {
         let (tx, mut rx) = mpsc::channel::<Job>(QUEUE_CAPACITY);
         tokio::spawn(async move {
-            let permits = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
-            while let Some(first) = rx.recv().await {
-                let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
-                    return;
-                };
-                let size = batch_size(rx.len() + 1);
-                let mut jobs = Vec::with_capacity(size);
-                let mut next = Some(first);
-                while jobs.len() < size {
-                    let Some(job) = next.take().or_else(|| rx.try_recv().ok()) else {
-                        break;
-                    };
-                    // The caller stopped waiting before its item was sent: nothing to do.
-                    if job.reply.is_closed() {
-                        continue;
-                    }
-                    if job.queued_at.elapsed() > queue_wait {
-                        let _ = job.reply.send(Err(overloaded("waited", queue_wait)));
-                        continue;
-                    }
-                    jobs.push(job);
-                }
-                if jobs.is_empty() {
-                    continue;
-                }
-                match &node_of {
-                    None => {
-                        let (run, pad, compensator) =
-                            (Arc::clone(&run), pad.clone(), compensator.clone());
-                        tokio::spawn(async move {
-                            run_batch(run, pad, jobs, permit, compensator, false).await;
-                        });
-                    }
-                    Some(node_of) => {
-                        // One call per node and policy; the parts share the batch's slot.
-                        let permit = Arc::new(permit);
-                        for part in split_per_node(jobs, node_of) {
-                            let permit = Arc::clone(&permit);
-                            let (run, pad, compensator, node_of) = (
-                                Arc::clone(&run),
-                                pad.clone(),
-                                compensator.clone(),
-                                Arc::clone(node_of),
-                            );
-                            tokio::spawn(async move {
-                                let stale =
-                                    run_batch(run, pad, part, permit, compensator, true).await;
-                                if stale {
-                                    node_of.stale();
-                                }
-                            });
+            // A finished batch names its lane here.
+            let (done_tx, mut done_rx) = mpsc::unbounded_channel::<Option<u32>>();
+            let mut lanes: HashMap<Option<u32>, Lane> = HashMap::new();
+            let mut queued = 0usize;
+            let lane_of = |job: &Job| node_of.as_ref().and_then(|n| n.node(&job.item.key));
+            let slots = if node_of.is_some() {
+                NODE_IN_FLIGHT
+            } else {
+                MAX_IN_FLIGHT
+            };
+            loop {
+                tokio::select! {
+                    biased;
+                    Some(lane) = done_rx.recv() => {
+                        if let Some(l) = lanes.get_mut(&lane) {
+                            l.in_flight -= 1;
                         }
                     }
+                    job = rx.recv(), if queued < QUEUE_CAPACITY => {
+                        // The store is gone: batches in flight finish on their own.
+                        let Some(job) = job else { return };
+                        lanes.entry(lane_of(&job)).or_default().pending.push_back(job);
+                        queued += 1;
+                    }
                 }
+                // Everything else that is ready, without waiting.
+                while let Ok(lane) = done_rx.try_recv() {
+                    if let Some(l) = lanes.get_mut(&lane) {
+                        l.in_flight -= 1;
+                    }
+                }
+                while queued < QUEUE_CAPACITY {
+                    let Ok(job) = rx.try_recv() else { break };
+                    lanes
+                        .entry(lane_of(&job))
+                        .or_default()
+                        .pending
+                        .push_back(job);
+                    queued += 1;
+                }
+                for (&lane_id, lane) in lanes.iter_mut() {
+                    while lane.in_flight < slots && !lane.pending.is_empty() {
+                        let size = batch_size(lane.pending.len(), slots);
+                        let mut jobs = Vec::with_capacity(size);
+                        while jobs.len() < size {
+                            let Some(job) = lane.pending.pop_front() else {
+                                break;
+                            };
+                            queued -= 1;
+                            // The caller stopped waiting before its item was sent.
+                            if job.reply.is_closed() {
+                                continue;
+                            }
+                            if job.queued_at.elapsed() > queue_wait {
+                                let _ = job.reply.send(Err(overloaded("waited", queue_wait)));
+                                continue;
+                            }
+                            jobs.push(job);
+                        }
+                        if jobs.is_empty() {
+                            continue;
+                        }
+                        lane.in_flight += 1;
+                        let (run, pad, compensator, done) = (
+                            Arc::clone(&run),
+                            pad.clone(),
+                            compensator.clone(),
+                            Finished(done_tx.clone(), lane_id),
+                        );
+                        let node_of = node_of.clone();
+                        tokio::spawn(async move {
+                            match node_of {
+                                None => {
+                                    run_batch(run, pad, jobs, compensator, false).await;
+                                }
+                                Some(node_of) => {
+                                    // One call per policy; the parts run at once.
+                                    let parts = split_per_policy(jobs).into_iter().map(|part| {
+                                        run_batch(
+                                            Arc::clone(&run),
+                                            pad.clone(),
+                                            part,
+                                            compensator.clone(),
+                                            true,
+                                        )
+                                    });
+                                    let stale = futures::future::join_all(parts).await;
+                                    if stale.into_iter().any(|s| s) {
+                                        node_of.stale();
+                                    }
+                                }
+                            }
+                            drop(done);
+                        });
+                    }
+                }
+                lanes.retain(|_, l| l.in_flight > 0 || !l.pending.is_empty());
             }
         });
         Self { tx, queue_wait }
@@ -374,16 +444,15 @@ impl Batcher {
     }
 }
 
-/// Splits a Cluster batch into parts of one node and one policy, in queue order within each.
-fn split_per_node(jobs: Vec<Job>, node_of: &NodeOf) -> Vec<Vec<Job>> {
+/// Splits a Cluster lane's batch into parts of one policy, in queue order within each.
+fn split_per_policy(jobs: Vec<Job>) -> Vec<Vec<Job>> {
     let mut parts: Vec<Vec<Job>> = Vec::new();
-    let mut index: HashMap<(Option<u32>, Algorithm), usize> = HashMap::new();
+    let mut index: HashMap<Algorithm, usize> = HashMap::new();
     for job in jobs {
-        let group = (node_of.node(&job.item.key), job.item.algorithm.clone());
-        match index.get(&group) {
+        match index.get(&job.item.algorithm) {
             Some(&i) => parts[i].push(job),
             None => {
-                index.insert(group, parts.len());
+                index.insert(job.item.algorithm.clone(), parts.len());
                 parts.push(vec![job]);
             }
         }
@@ -396,11 +465,10 @@ fn split_per_node(jobs: Vec<Job>, node_of: &NodeOf) -> Vec<Vec<Job>> {
 /// map was stale) is decided again one item per call, which the client routes (MOVED, ASK)
 /// like any unbatched call: the refusal came from a read, before any write
 /// (`lua/batch_step.lua`), so nothing was decided twice. Returns whether that happened.
-async fn run_batch<P: Send + 'static>(
+async fn run_batch(
     run: Runner,
     pad: String,
     jobs: Vec<Job>,
-    permit: P,
     compensator: Compensator,
     cluster: bool,
 ) -> bool {
@@ -424,7 +492,6 @@ async fn run_batch<P: Send + 'static>(
             Err(Ok(e) | Err(e)) => items.iter().map(|_| Err(e.clone())).collect(),
         };
     drop(items);
-    drop(permit);
     for (job, result) in jobs.into_iter().zip(results) {
         match result {
             Ok(r) => {
@@ -458,10 +525,14 @@ mod tests {
 
     #[test]
     fn batches_grow_with_the_queue() {
-        assert_eq!(batch_size(1), MIN_BATCH);
-        assert_eq!(batch_size(4 * MIN_BATCH), MIN_BATCH);
-        assert_eq!(batch_size(4 * 100), 100);
-        assert_eq!(batch_size(3_000), 750.min(MAX_BATCH));
-        assert_eq!(batch_size(QUEUE_CAPACITY), MAX_BATCH);
+        let all = MAX_IN_FLIGHT;
+        assert_eq!(batch_size(1, all), MIN_BATCH);
+        assert_eq!(batch_size(4 * MIN_BATCH, all), MIN_BATCH);
+        assert_eq!(batch_size(4 * 100, all), 100);
+        assert_eq!(batch_size(3_000, all), 750.min(MAX_BATCH));
+        assert_eq!(batch_size(QUEUE_CAPACITY, all), MAX_BATCH);
+        // A Cluster node, one batch in flight: everything queued for it, up to the most.
+        assert_eq!(batch_size(100, NODE_IN_FLIGHT), 100);
+        assert_eq!(batch_size(3_000, NODE_IN_FLIGHT), MAX_BATCH);
     }
 }
