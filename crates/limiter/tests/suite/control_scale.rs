@@ -36,6 +36,21 @@ async fn instance(url: &str, config: &ControlConfig) -> Limiter {
     l
 }
 
+/// [`instance`] with store calls allowed 2 s: for the tests of what automatic bans leave
+/// behind, whose checks must all be decided but are not about latency. They share the test
+/// process with tests that start Clusters and flood stores, and a 50 ms call on a busy
+/// machine would fail open (and ban nobody) instead.
+async fn patient_instance(url: &str, config: &ControlConfig) -> Limiter {
+    let options = StoreOptions {
+        timeout: Duration::from_secs(2),
+        unresponsive_after: Duration::from_secs(2),
+        ..StoreOptions::default()
+    };
+    let l = Limiter::connect(url, options).await.unwrap();
+    l.control().configure(config.clone());
+    l
+}
+
 /// `n` distinct IPv4 addresses from 10.0.0.0 on, as deny entries.
 fn addresses(from: u32, n: u32) -> Vec<ListEntry> {
     (from..from + n)
@@ -326,8 +341,8 @@ async fn automatic_bans_leave_nothing_behind(a: &Limiter, b: &Limiter) -> Durati
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_automatic_bans_leave_nothing_behind_on_redis() {
     let server = RedisServer::redis();
-    let a = instance(&server.url(), &ban_config()).await;
-    let b = instance(&server.url(), &ban_config()).await;
+    let a = patient_instance(&server.url(), &ban_config()).await;
+    let b = patient_instance(&server.url(), &ban_config()).await;
     automatic_bans_leave_nothing_behind(&a, &b).await;
     // Nor any ban index or expiry queue: only the log is left.
     let keys = server.cli(&["KEYS", "*control*"]);
@@ -341,8 +356,8 @@ async fn two_thousand_automatic_bans_leave_nothing_behind_on_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_thousand_automatic_bans_leave_nothing_behind_on_a_cluster() {
     let cluster = RedisCluster::start();
-    let a = instance(&cluster.url(), &ban_config()).await;
-    let b = instance(&cluster.url(), &ban_config()).await;
+    let a = patient_instance(&cluster.url(), &ban_config()).await;
+    let b = patient_instance(&cluster.url(), &ban_config()).await;
     automatic_bans_leave_nothing_behind(&a, &b).await;
 }
 
