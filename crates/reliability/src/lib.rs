@@ -3,14 +3,14 @@
 //!
 //! Nothing here is a mock: [`serve`] runs the real `sluice serve` entry point
 //! (`sluice_server::run`) on `127.0.0.1:0`, the Redis servers come from
-//! `sluice_testkit::servers`, [`logs`] captures the real tracing output of the process, and
+//! `sluice_testkit::servers`, [`logs`] captures the real tracing output of a test's runtime, and
 //! [`prom`] reads the real `/metrics` text.
 //!
 //! # Layout
 //! - [`fuzzing`]: the fuzz targets' bodies, shared with `fuzz/` and the regression tests.
 //! - [`serve`]: start and stop `sluice serve` from configuration text.
 //! - [`prom`]: read counters out of Prometheus text.
-//! - [`logs`]: a process-wide tracing subscriber that keeps every line for inspection.
+//! - [`logs`]: a tracing subscriber for one test's runtime that keeps every line for inspection.
 //! - [`Tally`]: worst latency and outcome counts of a load run, for the figures in
 //!   `docs/reliability.md`.
 #![forbid(unsafe_code)]
@@ -138,13 +138,19 @@ pub mod prom {
 }
 
 pub mod logs {
-    //! Every tracing event of the process, formatted as the `sluice` binary formats them, kept
-    //! in memory so tests can search them (for leaked credentials, for the failure log line).
+    //! Tracing events, formatted as the `sluice` binary formats them, kept in memory so tests
+    //! can search them (for leaked credentials, for the failure log line).
+    //!
+    //! The subscriber is scoped to the threads of one test's runtime, not set for the process:
+    //! the tests of a test binary share one process, and the others neither land in the buffer
+    //! nor pay for formatting every event at TRACE.
 
+    use std::future::Future;
     use std::io::Write;
-    use std::sync::{Arc, OnceLock};
+    use std::sync::Arc;
 
     use parking_lot::Mutex;
+    use tracing::Dispatch;
 
     #[derive(Clone, Default)]
     struct Buffer(Arc<Mutex<Vec<u8>>>);
@@ -159,12 +165,33 @@ pub mod logs {
         }
     }
 
-    fn buffer() -> &'static Buffer {
-        static B: OnceLock<Buffer> = OnceLock::new();
-        B.get_or_init(|| {
-            let b = Buffer::default();
-            let writer = b.clone();
-            // TRACE for sluice crates so nothing logged at any level escapes the scan.
+    /// A buffer and the subscriber that writes every event of the threads it runs on to it.
+    #[derive(Clone)]
+    pub struct Capture {
+        buffer: Buffer,
+        dispatch: Dispatch,
+    }
+
+    impl std::fmt::Debug for Capture {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.debug_struct("Capture")
+                .field("bytes", &self.buffer.0.lock().len())
+                .finish()
+        }
+    }
+
+    impl Default for Capture {
+        fn default() -> Self {
+            Self::new()
+        }
+    }
+
+    impl Capture {
+        /// An empty capture: TRACE for sluice crates, so nothing logged at any level escapes
+        /// a scan of [`Capture::text`].
+        pub fn new() -> Self {
+            let buffer = Buffer::default();
+            let writer = buffer.clone();
             let filter = tracing_subscriber::EnvFilter::new(
                 "trace,h2=info,hyper=info,tower=info,tonic=info,reqwest=info",
             );
@@ -173,19 +200,33 @@ pub mod logs {
                 .with_ansi(false)
                 .with_writer(move || writer.clone())
                 .finish();
-            let _ = tracing::subscriber::set_global_default(sub);
-            b
-        })
-    }
+            Self {
+                buffer,
+                dispatch: Dispatch::new(sub),
+            }
+        }
 
-    /// Installs the capturing subscriber (idempotent). Call before starting anything.
-    pub fn capture() {
-        let _ = buffer();
-    }
+        /// Runs `body` to completion on a new multi-thread runtime with `workers` workers,
+        /// every thread of which (the calling one, the workers, the blocking pool) logs here.
+        pub fn block_on<F: Future>(&self, workers: usize, body: F) -> F::Output {
+            let dispatch = self.dispatch.clone();
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(workers)
+                .enable_all()
+                .on_thread_start(move || {
+                    // The runtime's threads end with it, and the default with them.
+                    std::mem::forget(tracing::dispatcher::set_default(&dispatch));
+                })
+                .build()
+                .expect("tokio runtime");
+            let _default = tracing::dispatcher::set_default(&self.dispatch);
+            runtime.block_on(body)
+        }
 
-    /// Everything logged so far.
-    pub fn text() -> String {
-        String::from_utf8_lossy(&buffer().0.lock()).into_owned()
+        /// Everything logged so far.
+        pub fn text(&self) -> String {
+            String::from_utf8_lossy(&self.buffer.0.lock()).into_owned()
+        }
     }
 }
 
