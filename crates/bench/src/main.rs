@@ -7,6 +7,7 @@
 //! sluice-bench memory-redis --redis redis://127.0.0.1:6390/0 --keys 100000
 //! sluice-bench memory-embedded --algorithm gcra --keys 1000000
 //! sluice-bench rls --target http://127.0.0.1:8081 --domain bench --key user
+//! sluice-bench rls-burst --target http://127.0.0.1:8081 --domain bench --key user --value check
 //! ```
 #![forbid(unsafe_code)]
 
@@ -163,6 +164,23 @@ enum Cmd {
         #[command(flatten)]
         shape: Shape,
     },
+    /// Envoy ShouldRateLimit correctness on one value: bursts of calls at once, one per second.
+    RlsBurst {
+        #[arg(long, default_value = "http://127.0.0.1:8081")]
+        target: String,
+        #[arg(long, default_value = "bench")]
+        domain: String,
+        #[arg(long, default_value = "user")]
+        key: String,
+        #[arg(long, default_value = "check")]
+        value: String,
+        #[arg(long, default_value_t = 3)]
+        bursts: usize,
+        #[arg(long, default_value_t = 20)]
+        calls: usize,
+        #[arg(long, default_value_t = 3.0)]
+        sustained: f64,
+    },
 }
 
 fn main() -> ExitCode {
@@ -229,6 +247,24 @@ fn main() -> ExitCode {
             })
             .map(|v| vec![v])
         }
+        Cmd::RlsBurst {
+            target,
+            domain,
+            key,
+            value,
+            bursts,
+            calls,
+            sustained,
+        } => rls::burst(rls::BurstConfig {
+            target,
+            domain,
+            key,
+            value,
+            bursts: bursts.min(60),
+            calls: calls.clamp(1, 1000),
+            sustained: sustained.clamp(0.0, 60.0),
+        })
+        .map(|v| vec![v]),
     };
     match result {
         Ok(lines) => {

@@ -6,9 +6,9 @@ use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
-use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::Code;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use serde_json::json;
 
 use crate::Rng;
@@ -113,6 +113,133 @@ pub fn run(cfg: RlsConfig) -> Result<serde_json::Value, String> {
             "conc": cfg.conc,
             "keyspace": cfg.keyspace,
             "first_error": first_error,
+        }))
+    })
+}
+
+/// What `sluice-bench rls-burst` checks.
+#[derive(Debug, Clone)]
+pub struct BurstConfig {
+    /// `http://127.0.0.1:PORT` of the gRPC listener.
+    pub target: String,
+    /// The Envoy domain.
+    pub domain: String,
+    /// The descriptor key.
+    pub key: String,
+    /// The descriptor value every burst uses (the sustained part uses `<value>-sustained`).
+    pub value: String,
+    /// Bursts, one per wall-clock second.
+    pub bursts: usize,
+    /// Calls sent at once in each burst, and in flight during the sustained part.
+    pub calls: usize,
+    /// Seconds of the sustained part.
+    pub sustained: f64,
+}
+
+fn one(domain: &str, key: &str, value: &str) -> RateLimitRequest {
+    RateLimitRequest {
+        domain: domain.to_string(),
+        descriptors: vec![RateLimitDescriptor {
+            entries: vec![Entry {
+                key: key.to_string(),
+                value: value.to_string(),
+            }],
+            ..Default::default()
+        }],
+        hits_addend: 1,
+    }
+}
+
+fn unix_s() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The correctness check of an Envoy rate limit service on one descriptor value with a fixed
+/// window of a second: `bursts` times, `calls` calls sent at once at x.300 s of a fresh
+/// wall-clock second (so a window holds exactly one burst, and OK per burst must equal the
+/// limit); then `calls` loops on another value for `sustained` seconds, OK counted per
+/// wall-clock second. Returns one JSON line.
+pub fn burst(cfg: BurstConfig) -> Result<serde_json::Value, String> {
+    crate::require_loopback(&cfg.target)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async move {
+        let mut client = RateLimitServiceClient::connect(cfg.target.clone()).await.map_err(|e| e.to_string())?;
+        // A call on another value first, so the bursts do not wait on connection setup.
+        client
+            .should_rate_limit(one(&cfg.domain, &cfg.key, &format!("{}-warm", cfg.value)))
+            .await
+            .map_err(|e| e.to_string())?;
+        let is_ok = |r: &Result<tonic::Response<RateLimitResponse>, tonic::Status>| {
+            matches!(r, Ok(resp) if resp.get_ref().overall_code == Code::Ok as i32)
+        };
+        let (mut bursts_ok, mut burst_errors, mut spread_ms) = (Vec::new(), 0usize, Vec::new());
+        let mut last_second = unix_s().floor();
+        for _ in 0..cfg.bursts {
+            // x.300 of the next second after the last burst's.
+            let now = unix_s();
+            let target = (now.floor() + 1.0).max(last_second + 1.0) + 0.3;
+            tokio::time::sleep(Duration::from_secs_f64((target - now).max(0.0))).await;
+            last_second = unix_s().floor();
+            let t0 = Instant::now();
+            let calls: Vec<_> = (0..cfg.calls)
+                .map(|_| {
+                    let mut c = client.clone();
+                    let req = one(&cfg.domain, &cfg.key, &cfg.value);
+                    tokio::spawn(async move { c.should_rate_limit(req).await })
+                })
+                .collect();
+            let mut ok = 0u64;
+            for c in calls {
+                let r = c.await.map_err(|e| e.to_string())?;
+                if r.is_err() {
+                    burst_errors += 1;
+                }
+                ok += u64::from(is_ok(&r));
+            }
+            spread_ms.push(round1(t0.elapsed().as_secs_f64() * 1000.0));
+            bursts_ok.push(ok);
+        }
+        let sustained_value = format!("{}-sustained", cfg.value);
+        let end = Instant::now() + Duration::from_secs_f64(cfg.sustained);
+        let loops: Vec<_> = (0..cfg.calls)
+            .map(|_| {
+                let mut c = client.clone();
+                let req = one(&cfg.domain, &cfg.key, &sustained_value);
+                tokio::spawn(async move {
+                    let mut ok_at = Vec::new();
+                    let mut calls = 0u64;
+                    while Instant::now() < end {
+                        let r = c.should_rate_limit(req.clone()).await;
+                        calls += 1;
+                        if is_ok(&r) {
+                            ok_at.push(unix_s().floor() as u64);
+                        }
+                    }
+                    (calls, ok_at)
+                })
+            })
+            .collect();
+        let mut per_second = std::collections::BTreeMap::<u64, u64>::new();
+        let mut sustained_calls = 0;
+        for l in loops {
+            let (calls, ok_at) = l.await.map_err(|e| e.to_string())?;
+            sustained_calls += calls;
+            for s in ok_at {
+                *per_second.entry(s).or_default() += 1;
+            }
+        }
+        Ok(json!({
+            "bursts_ok": bursts_ok,
+            "burst_errors": burst_errors,
+            "burst_spread_ms": spread_ms,
+            "sustained_calls": sustained_calls,
+            "sustained_ok_per_wall_second": per_second.values().collect::<Vec<_>>(),
+            "sustained_ok_total": per_second.values().sum::<u64>(),
         }))
     })
 }
