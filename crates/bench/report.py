@@ -199,6 +199,13 @@ def rls():
     print()
 
 
+def rls_anchor():
+    # Written whole by scripts/bench-rls-anchor (its tables from rls-anchor.jsonl).
+    f = OUT / "rls-anchor.md"
+    if f.exists():
+        print(f.read_text().rstrip() + "\n")
+
+
 def cluster():
     f = OUT / "cluster.txt"
     if not f.exists():
@@ -215,3 +222,4 @@ cluster()
 flood()
 memory()
 rls()
+rls_anchor()
