@@ -1,5 +1,5 @@
 //! The bodies of the fuzz targets, shared by `fuzz/` (cargo-fuzz, libFuzzer) and by the
-//! regression tests in `tests/fuzz_regressions.rs` (random inputs plus every input that once
+//! regression tests in `tests/suite/fuzz_regressions.rs` (random inputs plus every input that once
 //! crashed, so CI replays them without a nightly toolchain).
 //!
 //! Each takes arbitrary bytes and panics only when an invariant breaks:

@@ -2,7 +2,7 @@
 //! decisions per second with no entries, with many entries none of which match (the usual
 //! case: bans, overrides and lists for other identities), and with every identity
 //! overridden. Run in release mode:
-//! `cargo test --release -p sluice --test control_cost -- --ignored --nocapture`.
+//! `cargo test --release -p sluice --test suite -- --ignored --nocapture control_cost::`.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

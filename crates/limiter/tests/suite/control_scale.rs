@@ -619,7 +619,8 @@ fn rss_bytes() -> u64 {
 
 /// The figures of `docs/benchmarks.md`, "Control plane size": check latency (p50/p99, one
 /// check at a time on the embedded store) and resident memory with 0, 100,000 and 1,000,000
-/// deny entries. `cargo test --release -p sluice --test control_scale -- --ignored --nocapture`.
+/// deny entries. `cargo test --release -p sluice --test suite -- --ignored --nocapture
+/// control_scale::control_plane_size_figures`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement, not a check"]
 async fn control_plane_size_figures() {
