@@ -5,11 +5,12 @@
 //! - `hot/<threads>t/<path>/<impl>`: one key, 1 or 2 threads, allowed or denied path;
 //! - `keys100k/<threads>t/<path>/<impl>`: 100 000 pre-built keys visited in a scrambled order.
 //!
-//! `<impl>`: `sluice_gcra` and `sluice_tb` are `MemoryStore::check_now` on a prepared key (what
-//! `Store::check` costs: the decision and its one-element result `Vec`; the facade adds key
-//! building, see `facade/*`), `*_check_one` the store's one-limit check without the `Vec`
-//! (`MemoryStore::check_one`), `governor_gcra` is
-//! governor's keyed limiter (`DefaultKeyedRateLimiter<String>`, DashMap + quanta clock).
+//! `<impl>`: `sluice_gcra` and `sluice_tb` are `MemoryStore::check_one` on a prepared key (what
+//! `Store::check_one` runs, the store call the facade makes for a request of one policy; the
+//! facade adds key building, see `facade/*`); `*_vec` is `MemoryStore::check_now` with one
+//! item (what `Store::check`, the multi-limit call, costs for one limit: the same decision and
+//! its one-element result `Vec`); `governor_gcra` is governor's keyed limiter
+//! (`DefaultKeyedRateLimiter<String>`, DashMap + quanta clock).
 //! With 2 threads each thread makes `iters` decisions and the row is the wall time divided by
 //! `iters`: the per-thread cost when two cores decide at once.
 //!
@@ -20,7 +21,7 @@ use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, criterion_group};
 use governor::{Quota, RateLimiter};
 use sluice_core::algorithm::{fixed_window, gcra, sliding_window_counter, token_bucket};
 use sluice_core::{Algorithm, CheckItem, Rate};
@@ -45,29 +46,29 @@ impl Decider for Sluice {
     fn decide(&self, i: usize) -> bool {
         let key = &self.keys[i % self.keys.len()];
         self.store
-            .check_now(&[CheckItem {
+            .check_one(&CheckItem {
                 key,
                 algorithm: &self.algorithm,
                 cost: 1,
-            }])
+            })
             .allowed
     }
 }
 
-/// The store's one-limit fast path without the `MultiDecision` wrapper.
-struct SluiceOne(Sluice);
+/// The multi-limit call with one item: the same decision in a `MultiDecision`.
+struct SluiceVec(Sluice);
 
-impl Decider for SluiceOne {
+impl Decider for SluiceVec {
     #[inline]
     fn decide(&self, i: usize) -> bool {
         let s = &self.0;
         let key = &s.keys[i % s.keys.len()];
         s.store
-            .check_one(&CheckItem {
+            .check_now(&[CheckItem {
                 key,
                 algorithm: &s.algorithm,
                 cost: 1,
-            })
+            }])
             .allowed
     }
 }
@@ -206,12 +207,12 @@ fn stores(c: &mut Criterion) {
                     ("sluice_gcra", Arc::new(sluice("gcra", path, nkeys))),
                     ("sluice_tb", Arc::new(sluice("tb", path, nkeys))),
                     (
-                        "sluice_gcra_check_one",
-                        Arc::new(SluiceOne(sluice("gcra", path, nkeys))),
+                        "sluice_gcra_vec",
+                        Arc::new(SluiceVec(sluice("gcra", path, nkeys))),
                     ),
                     (
-                        "sluice_tb_check_one",
-                        Arc::new(SluiceOne(sluice("tb", path, nkeys))),
+                        "sluice_tb_vec",
+                        Arc::new(SluiceVec(sluice("tb", path, nkeys))),
                     ),
                 ];
                 for (name, d) in &impls {
@@ -365,4 +366,43 @@ fn config() -> Criterion {
 }
 
 criterion_group! { name = benches; config = config(); targets = algorithms, stores, facade }
-criterion_main!(benches);
+
+/// `SLUICE_BENCH_LOOP=<group>/<path>/<impl>:<iterations>` (say
+/// `keys100k/allowed/sluice_gcra:200000`): builds and primes that one decision maker, then
+/// makes `iterations` decisions on one thread and exits, without criterion. For counting
+/// tools that do not depend on the machine's load (`valgrind --tool=cachegrind`: instructions
+/// and cache misses per decision, as the difference of two runs of different lengths).
+fn bounded_loop(spec: &str) {
+    let (row, iters) = spec
+        .rsplit_once(':')
+        .expect("SLUICE_BENCH_LOOP is <group>/<path>/<impl>:<iterations>");
+    let iters: u64 = iters.parse().expect("iterations");
+    let parts: Vec<&str> = row.split('/').collect();
+    let [group, path, name] = parts[..] else {
+        panic!("SLUICE_BENCH_LOOP row is <group>/<path>/<impl>, not {row}");
+    };
+    let nkeys = if group == "hot" { 1 } else { KEYS };
+    let path = if path == "denied" {
+        Path::Denied
+    } else {
+        Path::Allowed
+    };
+    let d: Arc<dyn Decider> = match name {
+        "governor_gcra" => Arc::new(governor(path, nkeys)),
+        "sluice_gcra" => Arc::new(sluice("gcra", path, nkeys)),
+        "sluice_tb" => Arc::new(sluice("tb", path, nkeys)),
+        "sluice_gcra_vec" => Arc::new(SluiceVec(sluice("gcra", path, nkeys))),
+        "sluice_tb_vec" => Arc::new(SluiceVec(sluice("tb", path, nkeys))),
+        other => panic!("no decision maker {other}"),
+    };
+    let took = run(&d, iters, 1, nkeys);
+    eprintln!("{row}: {iters} decisions in {took:?}");
+}
+
+fn main() {
+    if let Ok(spec) = std::env::var("SLUICE_BENCH_LOOP") {
+        return bounded_loop(&spec);
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -49,6 +49,17 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
     /// Checks (and, if every item admits, consumes) several limits at once.
     async fn check(&self, items: &[CheckItem<'_>]) -> Result<MultiDecision, StoreError>;
 
+    /// Checks (and, if it admits, consumes) one limit: what [`Store::check`] answers for one
+    /// item, without the result `Vec`. The default asks `check`; a store with a cheaper path
+    /// for one limit overrides it (the embedded store decides in place).
+    async fn check_one(&self, item: &CheckItem<'_>) -> Result<Decision, StoreError> {
+        let mut answer = self.check(std::slice::from_ref(item)).await?;
+        answer
+            .decisions
+            .pop()
+            .ok_or_else(|| StoreError::Backend("the store answered no decision".into()))
+    }
+
     /// Releases a concurrency lease taken by an earlier check of `key`. Returns whether the
     /// lease was still held (false once it expired or was released).
     async fn release(
@@ -116,6 +127,9 @@ pub trait Store: Send + Sync + std::fmt::Debug + 'static {
 impl<S: Store + ?Sized> Store for std::sync::Arc<S> {
     async fn check(&self, items: &[CheckItem<'_>]) -> Result<MultiDecision, StoreError> {
         (**self).check(items).await
+    }
+    async fn check_one(&self, item: &CheckItem<'_>) -> Result<Decision, StoreError> {
+        (**self).check_one(item).await
     }
     async fn release(
         &self,

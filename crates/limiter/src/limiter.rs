@@ -23,6 +23,7 @@ mod reservation_ops;
 mod state_ops;
 
 mod store_call;
+use store_call::Answer;
 
 pub use builder::LimiterBuilder;
 pub use checked::{Checked, Lease, LimitResult, Verdict};
@@ -200,14 +201,23 @@ impl Limiter {
             if !call.shadow && enforced_denied {
                 break;
             }
-            let check_items: Vec<CheckItem<'_>> = call
-                .items
-                .iter()
-                .map(|&i| planned[i].check_item())
-                .collect();
             let sent = inner.now_us();
             let lease_sent = inner.leases.now();
-            let result = self.call_store(&check_items).await;
+            // One limit (most requests): the store's one-limit check, no `Vec` either way.
+            let result = match call.items[..] {
+                [i] => self
+                    .call_store_one(&planned[i].check_item())
+                    .await
+                    .map(Answer::One),
+                _ => {
+                    let check_items: Vec<CheckItem<'_>> = call
+                        .items
+                        .iter()
+                        .map(|&i| planned[i].check_item())
+                        .collect();
+                    self.call_store(&check_items).await.map(Answer::Many)
+                }
+            };
             if let Some(observer) = inner.observer.get() {
                 let policies: Vec<&str> = call
                     .items
@@ -218,8 +228,9 @@ impl Limiter {
                 observer.store_call(&policies, elapsed, result.as_ref().err());
             }
             match result {
-                Ok(MultiDecision { allowed, decisions }) => {
-                    for (&i, d) in call.items.iter().zip(decisions) {
+                Ok(answer) => {
+                    let allowed = answer.allowed();
+                    for (&i, d) in call.items.iter().zip(answer) {
                         let item = &mut planned[i];
                         if let Some(cache) = &inner.deny_cache
                             && !call.shadow

@@ -56,7 +56,7 @@ use sluice_core::{
 };
 
 pub use clock::FastClock;
-use shard::{Entry, Lookup, Shard};
+use shard::{Entry, KeyHasher, Lookup, Shard};
 
 /// A shard's lock: a reader-writer lock split by thread (crossbeam's `ShardedLock`), so
 /// checks on several cores read-lock different cache lines, even for one hot key: only the
@@ -106,9 +106,9 @@ pub struct EvictionCounts {
 #[derive(Debug)]
 pub struct MemoryStore {
     shards: Box<[ShardLock]>,
-    /// Keyed with random keys (aHash) so clients choosing identities cannot pile every key
-    /// onto one shard or one probe chain.
-    hasher: ahash::RandomState,
+    /// Keyed with random keys so clients choosing identities cannot pile every key onto one
+    /// shard or one probe chain.
+    hasher: KeyHasher,
     clock: Arc<dyn Clock>,
     /// The default clock, read directly (inlined) instead of through `clock`.
     fast: Option<FastClock>,
@@ -202,11 +202,12 @@ impl MemoryStoreBuilder {
                 (None, None) => 0,
             });
         let slots = table / self.shards / fingerprints::SLOT_BYTES;
+        let hasher = KeyHasher::new();
         MemoryStore {
             shards: (0..self.shards)
-                .map(|_| ShardLock(ShardedLock::new(Shard::new(width, slots))))
+                .map(|_| ShardLock(ShardedLock::new(Shard::new(width, slots, hasher.clone()))))
                 .collect(),
-            hasher: ahash::RandomState::new(),
+            hasher,
             clock: self.clock,
             fast: self.fast,
             max_keys: self.max_keys,
@@ -308,14 +309,18 @@ impl MemoryStore {
         }
     }
 
+    /// The hash of a key's bytes (the shards hash slots' keys the same way).
+    #[inline]
     fn hash(&self, key: &str) -> u64 {
-        self.hasher.hash_one(key)
+        self.hasher.hash_one(key.as_bytes())
     }
 
-    /// The shard of a hash: its high bits, so the table inside the shard still sees keys
-    /// spread over all of its low bits.
+    /// The shard of a hash: bits 24 to 55 scaled to the number of shards (a multiply, not a
+    /// division), so the table inside the shard still sees keys spread over all of its low
+    /// bits and over the top 7 bits its control bytes are made of.
+    #[inline]
     fn shard_index(&self, hash: u64) -> usize {
-        ((hash >> 40) % self.shards.len() as u64) as usize
+        ((u64::from((hash >> 24) as u32) * self.shards.len() as u64) >> 32) as usize
     }
 
     /// Adds a shard's byte change to the total.
@@ -465,6 +470,10 @@ fn random_lease_id() -> LeaseId {
 impl Store for MemoryStore {
     async fn check(&self, items: &[CheckItem<'_>]) -> Result<MultiDecision, StoreError> {
         Ok(self.check_now(items))
+    }
+
+    async fn check_one(&self, item: &CheckItem<'_>) -> Result<Decision, StoreError> {
+        Ok(MemoryStore::check_one(self, item))
     }
 
     async fn release(

@@ -125,17 +125,96 @@ fn algorithm_of(policies: &[Policy], policy: u8) -> Option<&Algorithm> {
     policies.get(usize::from(policy)).map(|p| &p.algorithm)
 }
 
-/// A key, its hash (kept for rehashing when the table grows), its state and which sketch
-/// summarizes it if it is evicted. Exactly one cache line, aligned to one, so a lookup that
-/// misses the cache costs one line for the slot, not two.
+/// Key bytes held in the slot itself; a longer key gets a heap block of its own.
+pub(crate) const INLINE_KEY: usize = 29;
+
+/// A slot's key and the index of the policy its state was written under (which sketch
+/// summarizes the key if it is evicted). A key of up to [`INLINE_KEY`] bytes (most
+/// `rl:{ip:...}:<policy>` and `rl:{user:...}:<policy>` keys) sits in the slot, so finding it
+/// reads no cache line besides the slot's and costs no heap block; a longer one is boxed.
+/// 32 bytes either way.
+#[derive(Debug)]
+enum Key {
+    Inline {
+        policy: u8,
+        len: u8,
+        bytes: [u8; INLINE_KEY],
+    },
+    Heap {
+        policy: u8,
+        bytes: Box<[u8]>,
+    },
+}
+
+impl Key {
+    fn new(key: &[u8], policy: u8) -> Self {
+        if key.len() <= INLINE_KEY {
+            let mut bytes = [0; INLINE_KEY];
+            bytes[..key.len()].copy_from_slice(key);
+            Key::Inline {
+                policy,
+                len: key.len() as u8,
+                bytes,
+            }
+        } else {
+            Key::Heap {
+                policy,
+                bytes: key.into(),
+            }
+        }
+    }
+
+    #[inline]
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Key::Inline { len, bytes, .. } => bytes.get(..usize::from(*len)).unwrap_or(bytes),
+            Key::Heap { bytes, .. } => bytes,
+        }
+    }
+
+    #[inline]
+    fn policy(&self) -> u8 {
+        match self {
+            Key::Inline { policy, .. } | Key::Heap { policy, .. } => *policy,
+        }
+    }
+
+    fn set_policy(&mut self, to: u8) {
+        match self {
+            Key::Inline { policy, .. } | Key::Heap { policy, .. } => *policy = to,
+        }
+    }
+
+    /// Heap bytes: the block of a key too long for its slot.
+    fn heap(&self) -> usize {
+        match self {
+            Key::Inline { .. } => 0,
+            Key::Heap { bytes, .. } => alloc_bytes(bytes.len()),
+        }
+    }
+}
+
+/// A key and its state. Exactly one cache line, aligned to one, so a lookup that misses the
+/// cache costs one line for the slot (and, for a key longer than [`INLINE_KEY`], one for its
+/// bytes). The key's hash is not kept: growing the table hashes the keys again.
 #[derive(Debug)]
 #[repr(align(64))]
 struct Slot {
-    hash: u64,
-    key: Box<str>,
+    key: Key,
     value: Value,
-    policy: u8,
 }
+
+impl Slot {
+    #[inline]
+    fn is(&self, key: &[u8]) -> bool {
+        self.key.bytes() == key
+    }
+}
+
+/// The hash a store places keys by: keyed with random keys, so clients choosing identities
+/// cannot pile keys onto one shard or one probe chain. Each shard keeps a copy to hash its keys
+/// again when its table grows.
+pub(crate) type KeyHasher = ahash::RandomState;
 
 /// An algorithm seen in this shard and the sketch of its evicted keys (made on first use).
 #[derive(Debug)]
@@ -188,6 +267,8 @@ pub(crate) struct Shard {
     fingerprints: Fingerprints,
     /// Traces that found no slot and went to a sketch, since the shard was made.
     pub(crate) overflowed: u64,
+    /// The store's key hash, for hashing the keys again when the table grows or shrinks.
+    hasher: KeyHasher,
 }
 
 /// Bytes the allocator takes for a block of `n` bytes (glibc: 8 bytes of header, 16-byte
@@ -225,7 +306,7 @@ fn state_heap(state: &State) -> usize {
 impl Shard {
     /// An empty shard whose sketches get `sketch_width` cells per row and whose table of
     /// evicted keys grows to `fingerprint_slots` slots.
-    pub(crate) fn new(sketch_width: usize, fingerprint_slots: usize) -> Self {
+    pub(crate) fn new(sketch_width: usize, fingerprint_slots: usize, hasher: KeyHasher) -> Self {
         Self {
             map: HashTable::new(),
             ops_since_sweep: 0,
@@ -237,6 +318,7 @@ impl Shard {
             sketch_bytes: 0,
             fingerprints: Fingerprints::new(fingerprint_slots),
             overflowed: 0,
+            hasher,
         }
     }
 
@@ -273,17 +355,17 @@ impl Shard {
     pub(crate) fn get(&self, hash: u64, key: &str) -> Option<Held<'_>> {
         let policies = &self.policies;
         self.map
-            .find(hash, |s| &*s.key == key)
-            .map(|s| s.value.held(algorithm_of(policies, s.policy)))
+            .find(hash, |s| s.is(key.as_bytes()))
+            .map(|s| s.value.held(algorithm_of(policies, s.key.policy())))
     }
 
     /// The cell of `key` and the algorithm its state was written under, if the key is held
     /// in a cell (the read path of a check).
     #[inline]
     pub(crate) fn cell(&self, hash: u64, key: &str) -> Option<(&Cell, &Algorithm)> {
-        let slot = self.map.find(hash, |s| &*s.key == key)?;
+        let slot = self.map.find(hash, |s| s.is(key.as_bytes()))?;
         match &slot.value {
-            Value::Cell(c) => Some((c, algorithm_of(&self.policies, slot.policy)?)),
+            Value::Cell(c) => Some((c, algorithm_of(&self.policies, slot.key.policy())?)),
             Value::Boxed(_) => None,
         }
     }
@@ -364,10 +446,10 @@ impl Shard {
     /// Removes `key`; whether it was held.
     #[inline]
     pub(crate) fn remove(&mut self, hash: u64, key: &str) -> bool {
-        match self.map.find_entry(hash, |s| &*s.key == key) {
+        match self.map.find_entry(hash, |s| s.is(key.as_bytes())) {
             Ok(e) => {
                 let (slot, _) = e.remove();
-                self.bytes -= alloc_bytes(slot.key.len()) + slot.value.heap();
+                self.bytes -= slot.key.heap() + slot.value.heap();
                 true
             }
             Err(_) => false,
@@ -389,20 +471,14 @@ impl Shard {
             return false;
         };
         let value = Value::of(entry, algorithm_of(&self.policies, policy));
-        let added = value.heap();
+        let key = Key::new(key.as_bytes(), policy);
+        let added = key.heap() + value.heap();
         let table_before = self.table_bytes();
-        self.map.insert_unique(
-            hash,
-            Slot {
-                hash,
-                key: key.into(),
-                value,
-                policy,
-            },
-            |s| s.hash,
-        );
-        self.bytes =
-            self.bytes + alloc_bytes(key.len()) + added + self.table_bytes() - table_before;
+        let hasher = &self.hasher;
+        self.map.insert_unique(hash, Slot { key, value }, |s| {
+            hasher.hash_one(s.key.bytes())
+        });
+        self.bytes = self.bytes + added + self.table_bytes() - table_before;
         true
     }
 
@@ -426,13 +502,13 @@ impl Shard {
             bytes,
             ..
         } = self;
-        let Some(s) = map.find_mut(hash, |s| &*s.key == key) else {
+        let Some(s) = map.find_mut(hash, |s| s.is(key.as_bytes())) else {
             return Some(entry);
         };
         if let Some(p) = policy {
-            s.policy = p;
+            s.key.set_policy(p);
         }
-        let algorithm = algorithm_of(policies, s.policy);
+        let algorithm = algorithm_of(policies, s.key.policy());
         // In place when the shape stays (no allocation); else a new value.
         let fits = || algorithm.and_then(|a| rest_time(a, &entry.state));
         match (&mut s.value, CellKind::encode(&entry.state)) {
@@ -465,9 +541,9 @@ impl Shard {
             ..
         } = self;
         map.retain(|s| {
-            let keep = s.value.expires_at(algorithm_of(policies, s.policy)) > now;
+            let keep = s.value.expires_at(algorithm_of(policies, s.key.policy())) > now;
             if !keep {
-                *bytes -= alloc_bytes(s.key.len()) + s.value.heap();
+                *bytes -= s.key.heap() + s.value.heap();
             }
             keep
         });
@@ -481,7 +557,7 @@ impl Shard {
         out.extend(
             self.map
                 .iter()
-                .map(|s| s.value.expires_at(algorithm_of(policies, s.policy))),
+                .map(|s| s.value.expires_at(algorithm_of(policies, s.key.policy()))),
         );
     }
 
@@ -507,10 +583,11 @@ impl Shard {
             sketch_bytes,
             fingerprints,
             overflowed,
+            hasher,
             ..
         } = self;
         map.retain(|s| {
-            let e = s.value.held(algorithm_of(policies, s.policy));
+            let e = s.value.held(algorithm_of(policies, s.key.policy()));
             let due = if strictly_before {
                 e.expires_at < cutoff
             } else {
@@ -520,14 +597,15 @@ impl Shard {
                 return true;
             }
             *budget -= 1;
-            *bytes -= alloc_bytes(s.key.len()) + s.value.heap();
+            *bytes -= s.key.heap() + s.value.heap();
             if e.expires_at <= now {
                 at_rest += 1;
                 return false;
             }
             informative += 1;
             let trace = summary::trace(&e.state, e.expires_at, now);
-            for out in fingerprints.record(s.hash, s.policy, trace, now) {
+            let hash = hasher.hash_one(s.key.bytes());
+            for out in fingerprints.record(hash, s.key.policy(), trace, now) {
                 *overflowed += 1;
                 let Overflow {
                     hash,
@@ -556,7 +634,9 @@ impl Shard {
         let len = self.map.len();
         if self.map.capacity() > 4 * len + 64 {
             let before = self.table_bytes();
-            self.map.shrink_to(2 * len, |s| s.hash);
+            let hasher = &self.hasher;
+            self.map
+                .shrink_to(2 * len, |s| hasher.hash_one(s.key.bytes()));
             self.bytes = self.bytes + self.table_bytes() - before;
         }
     }
@@ -569,5 +649,32 @@ mod tests {
     #[test]
     fn a_slot_fits_one_cache_line() {
         assert_eq!(std::mem::size_of::<Slot>(), 64);
+        assert_eq!(std::mem::size_of::<Key>(), 32);
+    }
+
+    #[test]
+    fn keys_up_to_29_bytes_sit_in_the_slot() {
+        for len in [0, 1, 21, INLINE_KEY, INLINE_KEY + 1, 100] {
+            let text: Vec<u8> = (0..len).map(|i| b'a' + (i % 26) as u8).collect();
+            let mut key = Key::new(&text, 3);
+            assert_eq!(key.bytes(), &text[..]);
+            assert_eq!(key.policy(), 3);
+            key.set_policy(7);
+            assert_eq!((key.bytes(), key.policy()), (&text[..], 7));
+            let heap = if len <= INLINE_KEY {
+                0
+            } else {
+                alloc_bytes(len)
+            };
+            assert_eq!(key.heap(), heap, "{len}");
+            // A key is never taken for a prefix or an extension of itself.
+            let slot = Slot {
+                key,
+                value: Value::Cell(Cell::new(CellKind::Gcra, 1)),
+            };
+            assert!(slot.is(&text));
+            assert!(len == 0 || !slot.is(&text[..len - 1]));
+            assert!(!slot.is(&[&text[..], b"a"].concat()));
+        }
     }
 }

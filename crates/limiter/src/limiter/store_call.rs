@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use sluice_core::store::CheckItem;
-use sluice_core::{MultiDecision, Store, StoreError};
+use sluice_core::{Decision, MultiDecision, Store, StoreError};
 
 use super::Limiter;
 use crate::breaker::Admission;
@@ -38,10 +38,29 @@ impl Limiter {
         }
     }
 
+    /// Checks `items` in one store call ([`Store::check`]) under the breaker and the bound.
     pub(super) async fn call_store(
         &self,
         items: &[CheckItem<'_>],
     ) -> Result<MultiDecision, StoreError> {
+        self.check_call(self.inner.store.check(items)).await
+    }
+
+    /// Checks one limit ([`Store::check_one`]: no result `Vec`, and the embedded store's
+    /// in-place path) under the breaker and the bound.
+    pub(super) async fn call_store_one(
+        &self,
+        item: &CheckItem<'_>,
+    ) -> Result<Decision, StoreError> {
+        self.check_call(self.inner.store.check_one(item)).await
+    }
+
+    /// A check call to the store: the breaker's admission, the bound, the duration metric and
+    /// the accounting of its failure.
+    async fn check_call<T>(
+        &self,
+        call: impl std::future::Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
         let inner = &*self.inner;
         let start = Instant::now();
         let admission = inner.breaker.admit(start);
@@ -49,7 +68,7 @@ impl Limiter {
             metrics::counter!("sluice_store_errors_total", "kind" => "circuit_open").increment(1);
             return Err(StoreError::Unavailable("circuit breaker open".into()));
         }
-        let result = self.bounded(inner.store.check(items)).await;
+        let result = self.bounded(call).await;
         store_duration(inner.store.kind(), start.elapsed().as_secs_f64());
         match &result {
             Ok(_) => inner.breaker.success(),
@@ -95,6 +114,35 @@ impl Limiter {
                 tracing::warn!(error = %e, store = inner.store.kind(), "rate limit store failed; failing {mode}");
             }
         }
+    }
+}
+
+/// What one store call answered, in the call's order: a call of one limit holds its decision
+/// without a `Vec`.
+pub(super) enum Answer {
+    One(Decision),
+    Many(MultiDecision),
+}
+
+impl Answer {
+    /// Whether every limit of the call admitted.
+    pub(super) fn allowed(&self) -> bool {
+        match self {
+            Answer::One(d) => d.allowed,
+            Answer::Many(m) => m.allowed,
+        }
+    }
+}
+
+impl IntoIterator for Answer {
+    type Item = Decision;
+    type IntoIter = std::iter::Chain<std::option::IntoIter<Decision>, std::vec::IntoIter<Decision>>;
+    fn into_iter(self) -> Self::IntoIter {
+        let (one, many) = match self {
+            Answer::One(d) => (Some(d), Vec::new()),
+            Answer::Many(m) => (None, m.decisions),
+        };
+        one.into_iter().chain(many)
     }
 }
 

@@ -283,18 +283,25 @@ fn memory_bytes_follow_inserts_and_removals() {
         capacity: 5,
         rate: Rate::per_second(1),
     };
+    // Keys of up to 29 bytes sit in their slot; a 40-byte key takes a 48-byte heap block.
+    let short = |i: usize| format!("rl:{{user:{i}}}:tb");
+    let long = |i: usize| format!("rl:{{user:{i:04}:{}}}:tb", "x".repeat(22));
+    assert!(short(999).len() <= 29);
+    assert_eq!(long(999).len(), 40);
     for i in 0..1000 {
-        one(&store, &format!("rl:{{user:{i}}}:tb"), &tb, 1);
+        one(&store, &short(i), &tb, 1);
+        one(&store, &long(i), &tb, 1);
     }
     let full = store.memory_bytes();
-    // At least a slot and a 32-byte key block per key.
-    assert!(full >= 1000 * (32 + 64), "{full}");
+    // At least a 64-byte slot per key and a 48-byte block per long key.
+    assert!(full >= 2000 * 64 + 1000 * 48, "{full}");
     clock.advance_ms(1000);
     for i in 0..1000 {
-        one(&store, &format!("rl:{{user:{i}}}:tb"), &tb, 0);
+        one(&store, &short(i), &tb, 0);
+        one(&store, &long(i), &tb, 0);
     }
     assert_eq!(store.len(), 0);
-    // The keys' 32-byte blocks are freed (a token bucket's state has no heap part); the
-    // tables keep their buckets.
-    assert_eq!(store.memory_bytes(), full - 1000 * 32);
+    // The long keys' blocks are freed (a token bucket's state has no heap part); the tables
+    // keep their buckets.
+    assert_eq!(store.memory_bytes(), full - 1000 * 48);
 }
