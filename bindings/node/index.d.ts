@@ -38,7 +38,7 @@ export interface GcraOptions extends CommonOptions {
   /** Extra requests beyond the steady rate (default 0). */
   burst?: number;
 }
-export interface LeakyBucketOptions extends CommonOptions {
+export interface LeakyBucketOptions extends Omit<CommonOptions, 'mode'> {
   capacity: number;
   /** Drain rate such as `"5/s"`. */
   rate: string;

@@ -21,5 +21,11 @@ export async function usage(): Promise<number> {
   void sluice;
   // @ts-expect-error capacity is a number
   Policy.tokenBucket('x', { capacity: '10', rate: '5/s' });
+  const leased = Policy.gcra('leased', { rate: '5/s', mode: 'leased', leaseTtl: '500ms' });
+  const mode: 'exact' | 'leased' = leased.decisionMode;
+  void mode;
+  Policy.leakyBucket('queue', { capacity: 5, rate: '1/s', mode: 'shaping' });
+  // @ts-expect-error a decision mode is exact or leased
+  Policy.tokenBucket('x', { capacity: 10, rate: '5/s', mode: 'fast' });
   return d.retryAfterMs + byKey.remaining + (d.headers['RateLimit'] ?? '').length;
 }
