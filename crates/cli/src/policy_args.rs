@@ -82,7 +82,7 @@ impl PolicyArgs {
             .map_err(|e: sluice_core::algorithm::UnknownAlgorithm| e.to_string())?;
         if let Some(m) = self.mode.as_deref()
             && !is_decision_mode(m)
-            && kind != AlgorithmKind::LeakyBucket
+            && !kind.takes(Param::Mode)
             && m.parse::<LeakyMode>().is_err()
         {
             return Err(format!(

@@ -70,7 +70,13 @@ fn check_reserve(
             );
             ok = false;
         }
-        Some((_, p)) if p.get_ref().algorithm.get_ref() == "concurrency" => {
+        Some((_, p))
+            if p.get_ref()
+                .algorithm
+                .get_ref()
+                .parse::<sluice::core::algorithm::AlgorithmKind>()
+                .is_ok_and(|k| k.info().leases) =>
+        {
             ck.at(
                 rr.policy.span(),
                 format!("{field}.policy"),
