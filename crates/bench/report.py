@@ -34,14 +34,15 @@ def embedded():
         rows[m.group(1)] = ns(m.group(4), m.group(5))
     print("### Embedded store vs governor (ns per decision, criterion median)\n")
     print("Ratios are governor's time / sluice's (>= 1: sluice at least as fast). `check_one` is the store's")
-    print("one-limit check; `check_now` (what `Store::check` returns) adds the one-element result `Vec`.\n")
-    print("| scenario | governor GCRA | sluice GCRA `check_one` | sluice TB `check_one` | sluice GCRA `check_now` | sluice TB `check_now` | GCRA `check_one` ratio (target >= 1) | TB `check_one` ratio | GCRA `check_now` ratio | TB `check_now` ratio |")
+    print("one-limit check (`Store::check_one`, what the limiter calls for one policy); `check` with one item")
+    print("(`Store::check`, the multi-limit call) adds the one-element result `Vec`.\n")
+    print("| scenario | governor GCRA | sluice GCRA `check_one` | sluice TB `check_one` | sluice GCRA `check` | sluice TB `check` | GCRA `check_one` ratio (target >= 1) | TB `check_one` ratio | GCRA `check` ratio | TB `check` ratio |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     for group in ["hot", "keys100k"]:
         for t in ["1t", "2t"]:
             for path_ in ["allowed", "denied"]:
                 p = f"{group}/{t}/{path_}/"
-                g, go, to, sg, st = (rows.get(p + k) for k in ["governor_gcra", "sluice_gcra_check_one", "sluice_tb_check_one", "sluice_gcra", "sluice_tb"])
+                g, go, to, sg, st = (rows.get(p + k) for k in ["governor_gcra", "sluice_gcra", "sluice_tb", "sluice_gcra_vec", "sluice_tb_vec"])
                 if g is None:
                     continue
                 f = lambda x: f"{x:.0f}" if x else "-"
@@ -55,6 +56,13 @@ def embedded():
         for k, v in other.items():
             print(f"| `{k}` | {v:.1f} |")
         print()
+    counts = OUT / "embedded-counts.txt"
+    if counts.exists():
+        print("Instructions and cache misses per decision (cachegrind, `crates/bench/scripts/embedded-counts.sh`;")
+        print("the simulated last level is one core's 512 KiB L2):\n")
+        print("```text")
+        print(counts.read_text().rstrip())
+        print("```\n")
 
 
 def stats(path):
