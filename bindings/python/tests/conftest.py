@@ -19,6 +19,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def watchdog(pid: int) -> subprocess.Popen:
+    """A `sh` loop that kills `pid` once this test process is gone. A fixture's teardown never
+    runs when the test run itself is killed; the watchdog does, so no server outlives its tests.
+    It ends by itself within a second of `pid` ending."""
+    script = (
+        f"while kill -0 {os.getpid()} 2>/dev/null && kill -0 {pid} 2>/dev/null; do sleep 1; done; "
+        f"kill -9 {pid} 2>/dev/null"
+    )
+    return subprocess.Popen(
+        ["sh", "-c", script],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 class RedisServer:
     """A redis-server of its own on 127.0.0.1 (never the default port), without persistence."""
 
@@ -33,6 +49,7 @@ class RedisServer:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        self.watchdog = watchdog(self.proc.pid)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             try:
@@ -57,6 +74,8 @@ class RedisServer:
             self.resume()
             self.proc.terminate()
             self.proc.wait(timeout=10)
+        self.watchdog.kill()
+        self.watchdog.wait()
 
 
 @pytest.fixture(scope="session")

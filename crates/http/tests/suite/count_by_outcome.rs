@@ -15,10 +15,13 @@ use sluice::{Algorithm, FailureMode, Limiter, Policy};
 use sluice_http::{Count, RateLimitLayer, Rule};
 use support::get;
 
-fn fixed(name: &str, limit: u64) -> Policy {
+/// `limit` per sliding minute. A sliding log rather than a fixed window: a fixed window is
+/// aligned to the epoch, so a test that happened to straddle a minute boundary would see the
+/// count reset mid-test and admit twice the limit.
+fn per_minute(name: &str, limit: u64) -> Policy {
     Policy::new(
         name,
-        Algorithm::FixedWindow {
+        Algorithm::SlidingWindowLog {
             limit,
             window_ms: 60_000,
         },
@@ -53,7 +56,7 @@ fn app(rule: Rule) -> (Router, RateLimitLayer) {
 #[tokio::test]
 async fn a_login_route_counting_401s_admits_any_number_of_successes_and_stops_after_3_failures() {
     let rule = Rule::new("/login")
-        .policy(fixed("login", 3))
+        .policy(per_minute("login", 3))
         .count(Count::statuses([401]).unwrap());
     let (router, layer) = app(rule);
     let addr = support::serve(router).await;
@@ -88,7 +91,7 @@ async fn a_login_route_counting_401s_admits_any_number_of_successes_and_stops_af
 #[tokio::test]
 async fn a_route_counting_successes_lets_errors_through_and_stops_after_3_successes() {
     let rule = Rule::new("/")
-        .policy(fixed("successes", 3))
+        .policy(per_minute("successes", 3))
         .count(Count::Successes);
     let (router, _layer) = app(rule);
     let addr = support::serve(router).await;
@@ -113,7 +116,7 @@ async fn a_route_counting_successes_lets_errors_through_and_stops_after_3_succes
 #[tokio::test]
 async fn a_cost_larger_than_what_is_left_is_refused_before_forwarding() {
     let rule = Rule::new("/")
-        .policy(fixed("failures", 5))
+        .policy(per_minute("failures", 5))
         .cost(2)
         .count(Count::Failures);
     let (router, _layer) = app(rule);
@@ -144,7 +147,7 @@ async fn refund_fails(mode: FailureMode) -> (StatusCode, sluice_http::StatsSnaps
     let limiter = Limiter::builder(Arc::new(store))
         .timeout(Duration::from_millis(100))
         .build();
-    let mut policy = fixed("login", 3);
+    let mut policy = per_minute("login", 3);
     policy.failure_mode = mode;
     let layer = RateLimitLayer::builder(limiter)
         .rule(
@@ -238,7 +241,7 @@ fn counting_app(rule: Rule) -> (Router, Arc<AtomicU64>) {
 #[tokio::test]
 async fn concurrent_wrong_passwords_cannot_pass_a_limit_of_5_together() {
     let rule = Rule::new("/login")
-        .policy(fixed("login", 5))
+        .policy(per_minute("login", 5))
         .count(Count::statuses([401]).unwrap());
     let (router, reached) = counting_app(rule);
     let addr = support::serve(router).await;
@@ -259,7 +262,7 @@ async fn concurrent_wrong_passwords_cannot_pass_a_limit_of_5_together() {
 #[tokio::test]
 async fn right_passwords_in_flight_hold_their_unit_and_give_it_back() {
     let rule = Rule::new("/login")
-        .policy(fixed("login", 5))
+        .policy(per_minute("login", 5))
         .count(Count::statuses([401]).unwrap());
     let (router, _reached) = counting_app(rule);
     let addr = support::serve(router).await;
@@ -274,7 +277,7 @@ async fn right_passwords_in_flight_hold_their_unit_and_give_it_back() {
 #[tokio::test]
 async fn requests_abandoned_before_their_status_stay_counted() {
     let rule = Rule::new("/slow")
-        .policy(fixed("successes", 3))
+        .policy(per_minute("successes", 3))
         .count(Count::Successes);
     let (router, reached) = counting_app(rule);
     let addr = support::serve(router).await;
