@@ -33,6 +33,20 @@ function ping(port) {
   });
 }
 
+/**
+ * A `sh` loop that kills `pid` once this test process is gone. A test's teardown never runs
+ * when the test run itself is killed; the watchdog does, so no server outlives its tests. It
+ * ends by itself within a second of `pid` ending, and never keeps this process alive.
+ */
+function watchdog(pid) {
+  const script =
+    `while kill -0 ${process.pid} 2>/dev/null && kill -0 ${pid} 2>/dev/null; do sleep 1; done; ` +
+    `kill -9 ${pid} 2>/dev/null`;
+  const dog = spawn('sh', ['-c', script], { stdio: 'ignore' });
+  dog.unref();
+  return dog;
+}
+
 /** Starts a redis-server of its own, without persistence; `stop()` ends it. */
 async function startRedis() {
   const port = await freePort();
@@ -40,9 +54,11 @@ async function startRedis() {
   const proc = spawn(exe, ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], {
     stdio: 'ignore',
   });
+  const dog = watchdog(proc.pid);
   let exited = false;
   proc.once('exit', () => {
     exited = true;
+    dog.kill('SIGKILL');
   });
   const deadline = Date.now() + 10_000;
   while (Date.now() < deadline && !exited) {
@@ -122,4 +138,4 @@ async function get(base, pathname, headers = {}) {
   return { status: res.status, headers: res.headers, body };
 }
 
-module.exports = { freePort, startRedis, freshIdentity, sluiceBin, listen, get, execFileSync };
+module.exports = { freePort, watchdog, startRedis, freshIdentity, sluiceBin, listen, get, execFileSync };
