@@ -10,8 +10,8 @@
 //!
 //! The byte count is kept as the shard changes, so the store can compare its total against
 //! `max_memory` with one atomic load. It counts what the shard allocates: the table itself
-//! (its exact allocation, slots and control bytes), each key's heap copy and the heap part of
-//! each state (a boxed entry, a sliding log's entries, a concurrency limit's leases), every
+//! (its exact allocation, slots and control bytes), the heap copy of each key too long to sit in
+//! its slot and the heap part of each state (a boxed entry, a sliding log's entries, a concurrency limit's leases), every
 //! heap block rounded up as glibc's allocator does (16-byte steps, 8 bytes of header, 32 bytes
 //! at least), and the summaries of evicted keys: the table of their fingerprints and the
 //! sketches.
