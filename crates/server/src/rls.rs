@@ -28,6 +28,8 @@ use envoy_types::pb::google::protobuf::Duration as ProtoDuration;
 use sluice::core::{Clock, SystemClock};
 use sluice::{Decision, DenyReason, Verdict};
 use sluice_http::headers::{HeaderOptions, Shown, display_header_name, rate_limit_headers};
+use std::collections::HashMap;
+use std::sync::Arc;
 use tonic::{Request, Response, Status};
 
 use crate::envoy::{Limit, LimitCheck, Plan, RequestDescriptor, plan};
@@ -40,17 +42,55 @@ pub const MAX_DESCRIPTORS: usize = 64;
 #[derive(Debug, Clone)]
 pub struct RlsService {
     shared: Shared,
+    counters: Arc<RequestCounters>,
 }
 
 impl RlsService {
     /// A service answering from `shared`'s current configuration.
     pub fn new(shared: Shared) -> Self {
-        Self { shared }
+        Self {
+            shared,
+            counters: Arc::default(),
+        }
     }
 
     /// The tonic server wrapping it.
     pub fn server(self) -> RateLimitServiceServer<Self> {
         RateLimitServiceServer::new(self)
+    }
+}
+
+/// The answer codes `sluice_rls_requests_total` counts.
+#[derive(Debug, Clone, Copy)]
+enum Answer {
+    Ok,
+    OverLimit,
+    Unavailable,
+}
+
+/// The handles of `sluice_rls_requests_total{domain, code}`, made once per domain: building a
+/// labelled metric key (the domain copied, the labels hashed, the registry searched) on every
+/// call cost more than the rest of the answer's bookkeeping. The domains are the configured
+/// ones plus `unknown`, so the map stays as small as the configuration.
+#[derive(Debug, Default)]
+struct RequestCounters {
+    by_domain: parking_lot::RwLock<HashMap<String, Arc<[metrics::Counter; 3]>>>,
+}
+
+impl RequestCounters {
+    fn count(&self, domain: &str, answer: Answer) {
+        let found = self.by_domain.read().get(domain).cloned();
+        let counters = found.unwrap_or_else(|| {
+            let made = Arc::new(["ok", "over_limit", "unavailable"].map(|code| {
+                metrics::counter!("sluice_rls_requests_total", "domain" => domain.to_string(), "code" => code)
+            }));
+            self.by_domain
+                .write()
+                .entry(domain.to_string())
+                .or_insert(made)
+                .clone()
+        });
+        counters[answer as usize].increment(1);
     }
 }
 
@@ -233,9 +273,9 @@ impl RlsService {
         );
         // Metric labels only carry configured domains: the request's own is unbounded.
         let domain_label = if rt.config.domains.has(&req.domain) {
-            req.domain.clone()
+            req.domain.as_str()
         } else {
-            "unknown".to_string()
+            "unknown"
         };
 
         // One all-or-nothing check for every descriptor that has a limit.
@@ -252,8 +292,7 @@ impl RlsService {
         if let Some(c) = &checked
             && let Verdict::FailedOpen(e) | Verdict::FailedClosed(e) = &c.verdict
         {
-            metrics::counter!("sluice_rls_requests_total", "domain" => domain_label, "code" => "unavailable")
-                .increment(1);
+            self.counters.count(domain_label, Answer::Unavailable);
             return Err(Status::unavailable(format!("rate limit store: {e}")));
         }
 
@@ -296,8 +335,10 @@ impl RlsService {
             });
         }
         let overall = if over { Code::OverLimit } else { Code::Ok };
-        metrics::counter!("sluice_rls_requests_total", "domain" => domain_label, "code" => if over { "over_limit" } else { "ok" })
-            .increment(1);
+        self.counters.count(
+            domain_label,
+            if over { Answer::OverLimit } else { Answer::Ok },
+        );
         Ok(Response::new(RateLimitResponse {
             overall_code: overall as i32,
             statuses,
