@@ -62,14 +62,18 @@ async function startSluice() {
   return { url: `http://127.0.0.1:${httpPort}`, proc };
 }
 
+/** The example app; `log()` is what it wrote to stderr (why it refused, when it did). */
 async function startApp(sluiceUrl, env = {}) {
   const port = await freePort();
   const proc = spawn(process.execPath, [EXAMPLE], {
     env: { ...process.env, SLUICE_URL: sluiceUrl, PORT: String(port), ...env },
-    stdio: ['ignore', 'ignore', 'ignore'],
+    stdio: ['ignore', 'ignore', 'pipe'],
   });
+  let stderr = '';
+  proc.stderr.setEncoding('utf8');
+  proc.stderr.on('data', (c) => { if (stderr.length < 4000) stderr += c; });
   await waitForPort(port, proc, 'the Express example');
-  return { base: `http://127.0.0.1:${port}`, proc };
+  return { base: `http://127.0.0.1:${port}`, proc, log: () => stderr };
 }
 
 /** `n` concurrent GET /hello; counts statuses ('transport' for no answer). */
@@ -93,17 +97,18 @@ async function fire(base, n) {
 test('the Express example admits exactly the limit under 1,000 concurrent requests', { timeout: 60000 }, async () => {
   const sluice = await startSluice();
   try {
-    const app = await startApp(sluice.url);
+    // The example's 1.5 s deadline covers the wait for one of its 64 pooled sockets, and
+    // 1,000 requests queue on that pool: on a loaded machine the last ones passed 1.5 s and
+    // the example refused them itself (503, "sluice timed out"), up to half of them. That
+    // deadline is the example's answer to a slow sluice (fail closed, tested below); here
+    // it is lifted so every request is decided by sluice and the count is exact.
+    const app = await startApp(sluice.url, { SLUICE_TIMEOUT_MS: '50000' });
     try {
       const started = Date.now();
       const counts = await fire(app.base, REQUESTS);
       console.log(`express example, ${REQUESTS} concurrent at a limit of 10: ${JSON.stringify(counts)} in ${Date.now() - started} ms`);
-      assert.strictEqual(counts[200], 10, JSON.stringify(counts));
-      assert.strictEqual(counts.transport, undefined, JSON.stringify(counts));
-      assert.strictEqual((counts[429] || 0) + (counts[503] || 0), REQUESTS - 10, JSON.stringify(counts));
-      // Most were decided by sluice (429); the rest waited longer than the example's timeout
-      // on a loaded machine and were refused (503). None was admitted without a decision.
-      assert.ok((counts[429] || 0) >= 0.5 * (REQUESTS - 10), JSON.stringify(counts));
+      assert.deepStrictEqual(counts, { 200: 10, 429: REQUESTS - 10 },
+        `${JSON.stringify(counts)}; the example's stderr: ${app.log()}`);
     } finally {
       await stop(app.proc);
     }
