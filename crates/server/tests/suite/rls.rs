@@ -403,3 +403,50 @@ async fn store_failure_is_unavailable() {
     assert!(ok(&r));
     s.stop().await;
 }
+
+/// `sluice_rls_requests_total{domain, code}` counts each answer under its configured domain
+/// (requests for other domains under `unknown`). The domain is this test's own: every server
+/// of the test process shares one metrics recorder.
+#[tokio::test]
+async fn answers_are_counted_per_domain_and_code() {
+    let yaml = "domain: counted_rls\ndescriptors:\n  - key: user\n    rate_limit: { unit: hour, requests_per_unit: 2 }\n";
+    let s = start_with(
+        "admin_token = \"s3cret\"\n[envoy]\nfiles = [\"counted.yaml\"]\n",
+        &[("counted.yaml", yaml)],
+    )
+    .await;
+    let mut c = RateLimitServiceClient::connect(s.grpc_url()).await.unwrap();
+    for _ in 0..5 {
+        let req = RateLimitRequest {
+            domain: "counted_rls".into(),
+            descriptors: vec![desc(&[("user", "u")])],
+            hits_addend: 1,
+        };
+        c.should_rate_limit(req).await.unwrap();
+    }
+    let text = support::client()
+        .get(s.url("/metrics"))
+        .bearer_auth("s3cret")
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let count = |code: &str| -> f64 {
+        text.lines()
+            .filter(|l| {
+                l.starts_with("sluice_rls_requests_total")
+                    && l.contains("domain=\"counted_rls\"")
+                    && l.contains(&format!("code=\"{code}\""))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    assert_eq!(
+        (count("ok"), count("over_limit"), count("unavailable")),
+        (2.0, 3.0, 0.0),
+        "{text}"
+    );
+    s.stop().await;
+}
