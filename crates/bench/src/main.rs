@@ -164,7 +164,7 @@ enum Cmd {
         #[command(flatten)]
         shape: Shape,
     },
-    /// Envoy ShouldRateLimit correctness on one value: bursts of calls at once, one per second.
+    /// Envoy ShouldRateLimit correctness on one value: bursts of calls at once, 2 s apart.
     RlsBurst {
         #[arg(long, default_value = "http://127.0.0.1:8081")]
         target: String,

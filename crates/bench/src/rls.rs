@@ -128,7 +128,7 @@ pub struct BurstConfig {
     pub key: String,
     /// The descriptor value every burst uses (the sustained part uses `<value>-sustained`).
     pub value: String,
-    /// Bursts, one per wall-clock second.
+    /// Bursts, two wall-clock seconds apart.
     pub bursts: usize,
     /// Calls sent at once in each burst, and in flight during the sustained part.
     pub calls: usize,
@@ -157,9 +157,8 @@ fn unix_s() -> f64 {
 }
 
 /// The correctness check of an Envoy rate limit service on one descriptor value with a fixed
-/// window of a second: `bursts` times, `calls` calls sent at once at x.300 s of a fresh
-/// wall-clock second (so a window holds exactly one burst, and OK per burst must equal the
-/// limit); then `calls` loops on another value for `sustained` seconds, OK counted per
+/// window of a second: `bursts` times, `calls` calls sent at once at x.300 s, two wall-clock
+/// seconds apart (so a window holds exactly one burst, and OK per burst must equal the limit); then `calls` loops on another value for `sustained` seconds, OK counted per
 /// wall-clock second. Returns one JSON line.
 pub fn burst(cfg: BurstConfig) -> Result<serde_json::Value, String> {
     crate::require_loopback(&cfg.target)?;
@@ -180,9 +179,10 @@ pub fn burst(cfg: BurstConfig) -> Result<serde_json::Value, String> {
         let (mut bursts_ok, mut burst_errors, mut spread_ms) = (Vec::new(), 0usize, Vec::new());
         let mut last_second = unix_s().floor();
         for _ in 0..cfg.bursts {
-            // x.300 of the next second after the last burst's.
+            // x.300 of the second after next of the last burst's: a window that starts at its
+            // first call (limitador's) then holds one burst too, not only an epoch-aligned one.
             let now = unix_s();
-            let target = (now.floor() + 1.0).max(last_second + 1.0) + 0.3;
+            let target = (now.floor() + 1.0).max(last_second + 2.0) + 0.3;
             tokio::time::sleep(Duration::from_secs_f64((target - now).max(0.0))).await;
             last_second = unix_s().floor();
             let t0 = Instant::now();
