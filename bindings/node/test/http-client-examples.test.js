@@ -12,7 +12,7 @@ const path = require('node:path');
 const http = require('node:http');
 const net = require('node:net');
 const { spawn } = require('node:child_process');
-const { freePort, sluiceBin } = require('../test-support/support.js');
+const { freePort, sluiceBin, watchdog } = require('../test-support/support.js');
 
 const ROOT = path.resolve(__dirname, '../../..');
 const EXAMPLE = path.join(ROOT, 'examples/integrations/express_client.js');
@@ -58,6 +58,7 @@ async function startSluice() {
   const grpcPort = await freePort();
   const proc = spawn(sluiceBin(), ['serve', '--config', file, '--http', `127.0.0.1:${httpPort}`,
     '--grpc', `127.0.0.1:${grpcPort}`], { stdio: ['ignore', 'ignore', 'inherit'] });
+  watchdog(proc.pid);
   await waitForPort(httpPort, proc, 'sluice serve');
   return { url: `http://127.0.0.1:${httpPort}`, proc };
 }
@@ -69,6 +70,7 @@ async function startApp(sluiceUrl, env = {}) {
     env: { ...process.env, SLUICE_URL: sluiceUrl, PORT: String(port), ...env },
     stdio: ['ignore', 'ignore', 'pipe'],
   });
+  watchdog(proc.pid);
   let stderr = '';
   proc.stderr.setEncoding('utf8');
   proc.stderr.on('data', (c) => { if (stderr.length < 4000) stderr += c; });

@@ -17,7 +17,7 @@ from collections import Counter
 import httpx
 import pytest
 
-from conftest import free_port, sluice_bin
+from conftest import free_port, sluice_bin, watchdog
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 EXAMPLES = os.path.join(ROOT, "examples", "integrations")
@@ -46,6 +46,13 @@ def wait_for_port(port: int, proc: subprocess.Popen, what: str, within: float = 
     pytest.fail(f"{what} did not listen on {port} within {within} s")
 
 
+def spawn(args: list, **kwargs) -> subprocess.Popen:
+    """Starts `args` with a watchdog (conftest.watchdog) that ends it if this test run dies."""
+    proc = subprocess.Popen(args, **kwargs)
+    proc.watchdog = watchdog(proc.pid)
+    return proc
+
+
 def stop(proc: subprocess.Popen) -> None:
     proc.terminate()
     try:
@@ -53,6 +60,8 @@ def stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
+    proc.watchdog.kill()
+    proc.watchdog.wait()
 
 
 @pytest.fixture()
@@ -63,7 +72,7 @@ def sluice_serve():
         with open(path, "w") as f:
             f.write(CONFIG)
         http, grpc = free_port(), free_port()
-        proc = subprocess.Popen(
+        proc = spawn(
             [sluice_bin(), "serve", "--config", path, "--http", f"127.0.0.1:{http}",
              "--grpc", f"127.0.0.1:{grpc}"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -78,7 +87,7 @@ def sluice_serve():
 def start_app(sluice_url: str, **env):
     """The example under uvicorn in its own process; returns (base_url, process)."""
     port = free_port()
-    proc = subprocess.Popen(
+    proc = spawn(
         [sys.executable, "-m", "uvicorn", "fastapi_client:app", "--app-dir", EXAMPLES,
          "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
          "--backlog", "4096"],
