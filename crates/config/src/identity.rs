@@ -313,7 +313,8 @@ mod tests {
 
     #[test]
     fn public_keys_are_read_relative_to_the_config_file() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../http/tests/suite/fixtures");
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../http/tests/suite/fixtures");
         let src = format!(
             "[jwt]\nalgorithm = \"ES256\"\npublic_key = \"es256-public.pem\"\nleeway = \"30s\"\n{}",
             policy("\"jwt:sub\"")
