@@ -155,23 +155,15 @@ enum Cmd {
     },
     /// Envoy ShouldRateLimit calls/s against `sluice serve`'s gRPC listener.
     Rls {
-        #[arg(long, default_value = "http://127.0.0.1:8081")]
-        target: String,
-        #[arg(long, default_value = "bench")]
-        domain: String,
-        #[arg(long, default_value = "user")]
-        key: String,
+        #[command(flatten)]
+        to: rls::Target,
         #[command(flatten)]
         shape: Shape,
     },
     /// Envoy ShouldRateLimit correctness on one value: bursts of calls at once, 2 s apart.
     RlsBurst {
-        #[arg(long, default_value = "http://127.0.0.1:8081")]
-        target: String,
-        #[arg(long, default_value = "bench")]
-        domain: String,
-        #[arg(long, default_value = "user")]
-        key: String,
+        #[command(flatten)]
+        to: rls::Target,
         #[arg(long, default_value = "check")]
         value: String,
         #[arg(long, default_value_t = 3)]
@@ -224,12 +216,7 @@ fn main() -> ExitCode {
             seconds,
         } => memory::embedded(&algorithm, keys.min(5_000_000), seconds.clamp(0.1, 60.0))
             .map(|v| vec![v]),
-        Cmd::Rls {
-            target,
-            domain,
-            key,
-            shape,
-        } => {
+        Cmd::Rls { to, shape } => {
             let Shape {
                 duration,
                 warmup,
@@ -237,9 +224,7 @@ fn main() -> ExitCode {
                 keyspace,
             } = shape.bounded();
             rls::run(rls::RlsConfig {
-                target,
-                domain,
-                key,
+                to,
                 duration,
                 warmup,
                 conc,
@@ -248,17 +233,13 @@ fn main() -> ExitCode {
             .map(|v| vec![v])
         }
         Cmd::RlsBurst {
-            target,
-            domain,
-            key,
+            to,
             value,
             bursts,
             calls,
             sustained,
         } => rls::burst(rls::BurstConfig {
-            target,
-            domain,
-            key,
+            to,
             value,
             bursts: bursts.min(60),
             calls: calls.clamp(1, 1000),

@@ -14,15 +14,47 @@ use serde_json::json;
 use crate::Rng;
 use crate::stats::{Samples, process_cpu, round1};
 
+/// Where the calls go: the gRPC listener, the Envoy domain and the descriptor key (`rls` and
+/// `rls-burst` take the same flags).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Target {
+    /// `http://127.0.0.1:PORT` of the gRPC listener.
+    #[arg(long, default_value = "http://127.0.0.1:8081")]
+    pub target: String,
+    /// The Envoy domain.
+    #[arg(long, default_value = "bench")]
+    pub domain: String,
+    /// The descriptor key.
+    #[arg(long, default_value = "user")]
+    pub key: String,
+}
+
+/// A current-thread runtime and a client connected to `to.target` (loopback only), for one run.
+fn connect_on_loopback(
+    to: &Target,
+) -> Result<
+    (
+        tokio::runtime::Runtime,
+        RateLimitServiceClient<tonic::transport::Channel>,
+    ),
+    String,
+> {
+    crate::require_loopback(&to.target)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    let client = rt
+        .block_on(RateLimitServiceClient::connect(to.target.clone()))
+        .map_err(|e| e.to_string())?;
+    Ok((rt, client))
+}
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct RlsConfig {
-    /// `http://127.0.0.1:PORT` of the gRPC listener.
-    pub target: String,
-    /// The Envoy domain.
-    pub domain: String,
-    /// The descriptor key.
-    pub key: String,
+    /// Where the calls go.
+    pub to: Target,
     /// Measured seconds.
     pub duration: f64,
     /// Warm-up seconds.
@@ -35,13 +67,8 @@ pub struct RlsConfig {
 
 /// Runs the load; returns the JSON summary.
 pub fn run(cfg: RlsConfig) -> Result<serde_json::Value, String> {
-    crate::require_loopback(&cfg.target)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    let (rt, client) = connect_on_loopback(&cfg.to)?;
     rt.block_on(async move {
-        let client = RateLimitServiceClient::connect(cfg.target.clone()).await.map_err(|e| e.to_string())?;
         let cpu0 = process_cpu();
         let start = Instant::now();
         let warm_end = start + Duration::from_secs_f64(cfg.warmup);
@@ -49,7 +76,7 @@ pub fn run(cfg: RlsConfig) -> Result<serde_json::Value, String> {
         let mut tasks = Vec::new();
         for w in 0..cfg.conc {
             let mut client = client.clone();
-            let (domain, key, keyspace) = (cfg.domain.clone(), cfg.key.clone(), cfg.keyspace);
+            let (domain, key, keyspace) = (cfg.to.domain.clone(), cfg.to.key.clone(), cfg.keyspace);
             tasks.push(tokio::spawn(async move {
                 let mut rng = Rng::new(w as u64 + 99);
                 let (mut lat, mut ok, mut over, mut errors, mut total) = (Samples::default(), 0u64, 0u64, 0u64, 0u64);
@@ -120,12 +147,8 @@ pub fn run(cfg: RlsConfig) -> Result<serde_json::Value, String> {
 /// What `sluice-bench rls-burst` checks.
 #[derive(Debug, Clone)]
 pub struct BurstConfig {
-    /// `http://127.0.0.1:PORT` of the gRPC listener.
-    pub target: String,
-    /// The Envoy domain.
-    pub domain: String,
-    /// The descriptor key.
-    pub key: String,
+    /// Where the calls go.
+    pub to: Target,
     /// The descriptor value every burst uses (the sustained part uses `<value>-sustained`).
     pub value: String,
     /// Bursts, two wall-clock seconds apart.
@@ -161,16 +184,11 @@ fn unix_s() -> f64 {
 /// seconds apart (so a window holds exactly one burst, and OK per burst must equal the limit); then `calls` loops on another value for `sustained` seconds, OK counted per
 /// wall-clock second. Returns one JSON line.
 pub fn burst(cfg: BurstConfig) -> Result<serde_json::Value, String> {
-    crate::require_loopback(&cfg.target)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
+    let (rt, mut client) = connect_on_loopback(&cfg.to)?;
     rt.block_on(async move {
-        let mut client = RateLimitServiceClient::connect(cfg.target.clone()).await.map_err(|e| e.to_string())?;
         // A call on another value first, so the bursts do not wait on connection setup.
         client
-            .should_rate_limit(one(&cfg.domain, &cfg.key, &format!("{}-warm", cfg.value)))
+            .should_rate_limit(one(&cfg.to.domain, &cfg.to.key, &format!("{}-warm", cfg.value)))
             .await
             .map_err(|e| e.to_string())?;
         let is_ok = |r: &Result<tonic::Response<RateLimitResponse>, tonic::Status>| {
@@ -189,7 +207,7 @@ pub fn burst(cfg: BurstConfig) -> Result<serde_json::Value, String> {
             let calls: Vec<_> = (0..cfg.calls)
                 .map(|_| {
                     let mut c = client.clone();
-                    let req = one(&cfg.domain, &cfg.key, &cfg.value);
+                    let req = one(&cfg.to.domain, &cfg.to.key, &cfg.value);
                     tokio::spawn(async move { c.should_rate_limit(req).await })
                 })
                 .collect();
@@ -209,7 +227,7 @@ pub fn burst(cfg: BurstConfig) -> Result<serde_json::Value, String> {
         let loops: Vec<_> = (0..cfg.calls)
             .map(|_| {
                 let mut c = client.clone();
-                let req = one(&cfg.domain, &cfg.key, &sustained_value);
+                let req = one(&cfg.to.domain, &cfg.to.key, &sustained_value);
                 tokio::spawn(async move {
                     let mut ok_at = Vec::new();
                     let mut calls = 0u64;
