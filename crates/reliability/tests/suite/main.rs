@@ -9,6 +9,7 @@ mod bounds;
 mod faults;
 mod fuzz_regressions;
 mod hostile;
+mod secured_server;
 mod security;
 mod serve_faults;
 mod serve_overload;

@@ -1,94 +1,22 @@
 //! Security of `sluice serve` on a real Redis: credentials (API keys, bearer tokens, the admin
 //! token, the Redis password) never appear in Redis key names, in the process's log output
 //! (captured at TRACE) or in metric labels; `X-Forwarded-For` cannot be spoofed to get a fresh
-//! bucket; hostile identities cannot inject a hash tag; metric label cardinality does not grow
-//! with identities, paths or domains; admin endpoints bind loopback by default and require the
+//! bucket; hostile identities cannot inject a hash tag; admin endpoints bind loopback by default and require the
 //! token when one is set.
 
 use std::collections::BTreeSet;
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde_json::json;
 use sluice_core::key::{hash_tag, key_slot};
-use sluice_reliability::serve::{TestServer, client, start_with};
-use sluice_reliability::{logs, prom};
+use sluice_reliability::logs;
+use sluice_reliability::serve::{client, start_with};
 use sluice_server::Config;
-use sluice_testkit::servers::{RedisServer, ServerKind, keys_with_ttl};
+use sluice_testkit::servers::{RedisServer, keys_with_ttl};
 
-const ADMIN: &str = "adm1n-t0ken-9f3e2d";
-const REDIS_PASSWORD: &str = "r3dis-pa55-77c1a0";
-
-fn config(port: u16, upstream: SocketAddr, trusted: &str) -> String {
-    format!(
-        r#"
-admin_token = "{ADMIN}"
-
-[store]
-url = "redis://:{REDIS_PASSWORD}@127.0.0.1:{port}"
-timeout = "50ms"
-
-[policies.by-key]
-algorithm = "token-bucket"
-capacity = 2
-rate = "1/h"
-identity = "api-key:x-api-key"
-
-[policies.by-bearer]
-algorithm = "fixed-window"
-limit = 2
-window = "1h"
-identity = "bearer"
-
-[policies.by-ip]
-algorithm = "token-bucket"
-capacity = 3
-rate = "1/h"
-identity = "ip"
-
-[policies.api]
-algorithm = "sliding-log"
-limit = 5
-window = "1h"
-
-[policies.other]
-algorithm = "gcra"
-rate = "1/s"
-burst = 5
-
-[proxy]
-trusted_proxies = [{trusted}]
-
-[[routes]]
-prefix = "/key"
-policies = ["by-key"]
-upstream = "http://{upstream}"
-
-[[routes]]
-prefix = "/bearer"
-policies = ["by-bearer"]
-upstream = "http://{upstream}"
-
-[[routes]]
-prefix = "/ip"
-policies = ["by-ip"]
-upstream = "http://{upstream}"
-"#
-    )
-}
-
-async fn upstream() -> SocketAddr {
-    let app = axum::Router::new().fallback(|| async { "ok" });
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = l.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(l, app).await });
-    addr
-}
-
-fn redis_with_password() -> RedisServer {
-    // The password is on the command line, so a restart comes back with it at once.
-    RedisServer::start_with_args(ServerKind::Redis, &["--requirepass", REDIS_PASSWORD])
-}
+use crate::secured_server::{
+    ADMIN, REDIS_PASSWORD, config, metrics, redis_with_password, upstream,
+};
 
 fn all_keys(r: &RedisServer) -> Vec<String> {
     let out = std::process::Command::new("redis-cli")
@@ -109,17 +37,6 @@ fn all_keys(r: &RedisServer) -> Vec<String> {
         .map(str::to_string)
         .filter(|l| !l.is_empty())
         .collect()
-}
-
-async fn metrics(s: &TestServer) -> String {
-    let res = client()
-        .get(s.url("/metrics"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 200);
-    res.text().await.unwrap()
 }
 
 #[test]
@@ -400,99 +317,6 @@ async fn hostile_identities_cannot_inject_a_hash_tag() {
             .unwrap();
         let ttl: i64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
         assert!(ttl > 0, "{k} has no TTL ({ttl})");
-    }
-    s.stop().await;
-}
-
-/// Every kind of request of [`metric_label_cardinality_is_bounded`] with the identities,
-/// unknown policies, paths and Envoy domains numbered `range`.
-async fn varied_traffic(s: &TestServer, range: std::ops::Range<u32>) {
-    let c = client();
-    for i in range.clone() {
-        let id = format!("ident-{i}-{:x}", rand::random::<u32>());
-        let _ = c
-            .post(s.url("/v1/check"))
-            .json(&json!({"policy": "api", "identity": id}))
-            .send()
-            .await
-            .unwrap();
-        let _ = c
-            .post(s.url("/v1/check"))
-            .json(&json!({"policy": format!("nope-{i}"), "identity": id}))
-            .send()
-            .await
-            .unwrap();
-        let _ = c
-            .get(s.proxy_url(&format!("/key/{id}")))
-            .header("x-api-key", &id)
-            .send()
-            .await
-            .unwrap();
-        let _ = c
-            .get(s.proxy_url(&format!("/unrouted/{id}")))
-            .send()
-            .await
-            .unwrap();
-        let _ = c
-            .get(s.url(&format!("/nothing/{id}")))
-            .send()
-            .await
-            .unwrap();
-    }
-    let mut rls = envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient::connect(s.grpc_url()).await.unwrap();
-    for i in range.step_by(3) {
-        let _ = rls
-            .should_rate_limit(
-                envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest {
-                    domain: format!("domain-{i}"),
-                    descriptors: vec![],
-                    hits_addend: 0,
-                },
-            )
-            .await;
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn metric_label_cardinality_is_bounded() {
-    let redis = redis_with_password();
-    let up = upstream().await;
-    let s = start_with(&config(redis.port(), up, ""), &[]).await;
-    // A first round makes every series this server's traffic has (a fixed set: outcomes x
-    // configured policies, statuses x endpoints, route prefixes, kinds), so what the second
-    // round adds is what grows with identities. The recorder is the process's: servers of
-    // other tests running meanwhile add their own fixed sets, a few dozen at most.
-    varied_traffic(&s, 0..30).await;
-    let before = metrics(&s).await;
-    let label_values = |text: &str| -> BTreeSet<String> {
-        prom::samples(text)
-            .filter(|x| x.name.starts_with("sluice_"))
-            .map(|x| format!("{}{:?}", x.name, x.labels))
-            .collect()
-    };
-    // Hundreds of identities, keys, paths, unknown policies and Envoy domains.
-    varied_traffic(&s, 30..330).await;
-    let after = metrics(&s).await;
-    let (b, a) = (label_values(&before), label_values(&after));
-    let new: Vec<&String> = a.difference(&b).collect();
-    // Nothing per identity, path or domain (that would be 100 series at least): only what
-    // other servers in the process made meanwhile.
-    assert!(
-        new.len() < 60,
-        "{} new series after 300 identities: {new:#?}",
-        new.len()
-    );
-    for x in prom::samples(&after).filter(|x| x.name.starts_with("sluice_")) {
-        for (k, v) in &x.labels {
-            assert!(
-                !v.contains("ident-")
-                    && !v.contains("nope-")
-                    && !v.contains("domain-")
-                    && !v.contains("unrouted"),
-                "{}: {k}={v}",
-                x.name
-            );
-        }
     }
     s.stop().await;
 }
