@@ -578,6 +578,18 @@ async fn the_console_in_a_real_browser() {
             ),
         )
         .await;
+    // The chart is redrawn on its own tick, after the numbers: wait for that redraw.
+    driver
+        .wait_for(
+            "the chart to change",
+            20,
+            &format!(
+                "const c = document.querySelector('.policy[data-policy=api] polyline.decisions'); \
+                 return c.getAttribute('points') !== {}",
+                chart_before
+            ),
+        )
+        .await;
     let chart_after = driver.js(points).await;
     assert_ne!(chart_before, chart_after, "the chart did not change");
     let heights: Vec<f64> = chart_after
