@@ -41,6 +41,49 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use napi::{Error, Status};
 
+/// Worker threads of the addon's tokio runtime when `SLUICE_NODE_WORKER_THREADS` does not
+/// say: one on a machine of one or two cores, else two.
+///
+/// Why not tokio's default (one per core): a check hops between tasks several times (the
+/// batch's task, the Redis batcher, the connection, back through the batch's task to the
+/// delivery), and with several workers those hops wake parked threads through futexes and
+/// bounce between cores. On two cores shared with the JS thread and Redis itself, one worker
+/// spent less CPU per decision than two (tokio's threads 5.5 against 6.7 µs, medians of
+/// interleaved runs; docs/benchmarks.md, Node round 4). Past two cores a second worker keeps
+/// the tokio side from becoming the limit before the JS thread does.
+fn default_worker_threads() -> usize {
+    match std::thread::available_parallelism().map_or(1, usize::from) {
+        0..=2 => 1,
+        _ => 2,
+    }
+}
+
+/// Builds the runtime napi-rs runs the addon's futures on, before napi starts its own
+/// default (which has one worker per core). `SLUICE_NODE_WORKER_THREADS` sets its workers;
+/// tokio's own `TOKIO_WORKER_THREADS` is honoured when that is unset.
+#[napi_derive::module_init]
+fn init_runtime() {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    let configured = std::env::var("SLUICE_NODE_WORKER_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .filter(|&n| n > 0);
+    match configured {
+        Some(n) => {
+            builder.worker_threads(n);
+        }
+        None if std::env::var_os("TOKIO_WORKER_THREADS").is_some() => {}
+        None => {
+            builder.worker_threads(default_worker_threads());
+        }
+    }
+    // Without a runtime of its own napi-rs builds its default one: the addon still works.
+    if let Ok(runtime) = builder.build() {
+        napi::bindgen_prelude::create_custom_tokio_runtime(runtime);
+    }
+}
+
 /// A JS error for bad input (`err.code === 'InvalidArg'`).
 pub(crate) fn invalid(message: impl Into<String>) -> Error {
     Error::new(Status::InvalidArg, message.into())
