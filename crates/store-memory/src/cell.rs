@@ -169,11 +169,12 @@ impl Cell {
     }
 }
 
-/// Whether `state`, held under `algorithm`, is live at `now`: its rest time is after `now`
-/// (see the module docs). A state whose rest time does not follow from it is never in a cell.
+/// Whether a state whose rest time is `rest` is live at `now`: its rest time is after `now`
+/// (see the module docs). `rest` is [`rest_time`]'s, or that of the per-algorithm function it
+/// dispatches to; a state whose rest time does not follow from it (`None`) is never in a cell.
 #[inline]
-pub(crate) fn is_live(algorithm: &Algorithm, state: &State, now: Timestamp) -> bool {
-    rest_time(algorithm, state).is_some_and(|at| at > now)
+pub(crate) fn is_live(rest: Option<Timestamp>, now: Timestamp) -> bool {
+    rest.is_some_and(|at| at > now)
 }
 
 /// An atomic word holding one algorithm's state, as the read path changes it.
@@ -191,8 +192,9 @@ pub(crate) trait Word {
     fn encode(&self, state: &Self::State) -> Option<Self::Bits>;
     /// Replaces `seen` with `new` unless another thread changed the word since.
     fn swap(&self, seen: Self::Bits, new: Self::Bits) -> bool;
-    /// The state as the store's general [`State`] (for the liveness rule).
-    fn whole(state: Self::State) -> State;
+    /// When `state`, written under `algorithm`, is back at rest (for the liveness rule):
+    /// the algorithm's own rest time, without building a general [`State`].
+    fn rest_time(state: &Self::State, algorithm: &Algorithm) -> Option<Timestamp>;
 }
 
 /// Decides a check on the read path from `word`, which holds a state written under
@@ -213,7 +215,7 @@ pub(crate) fn decide_in<W: Word>(
         let outcome = decide(&state);
         match outcome.update {
             Update::Keep => {
-                return is_live(algorithm, &W::whole(state), now).then_some(outcome.decision);
+                return is_live(W::rest_time(&state, algorithm), now).then_some(outcome.decision);
             }
             Update::Put { state, .. } => {
                 let bits = word.encode(&state)?;
@@ -251,8 +253,8 @@ impl Word for GcraWord<'_> {
             .is_ok()
     }
     #[inline]
-    fn whole(state: gcra::State) -> State {
-        State::Gcra(state)
+    fn rest_time(state: &gcra::State, _: &Algorithm) -> Option<Timestamp> {
+        Some(gcra::rest_time(state))
     }
 }
 
@@ -282,8 +284,13 @@ impl Word for TokenBucketWord<'_> {
             .is_ok()
     }
     #[inline]
-    fn whole(state: token_bucket::State) -> State {
-        State::TokenBucket(state)
+    fn rest_time(state: &token_bucket::State, algorithm: &Algorithm) -> Option<Timestamp> {
+        match algorithm {
+            Algorithm::TokenBucket { capacity, rate } => {
+                Some(token_bucket::rest_time(state, *capacity, *rate))
+            }
+            _ => None,
+        }
     }
 }
 
@@ -321,8 +328,8 @@ impl Word for Cell {
         }
     }
     #[inline]
-    fn whole(state: State) -> State {
-        state
+    fn rest_time(state: &State, algorithm: &Algorithm) -> Option<Timestamp> {
+        rest_time(algorithm, state)
     }
 }
 
@@ -468,7 +475,7 @@ mod tests {
                     live,
                     "{algorithm:?} at rest {rest} - {now}"
                 );
-                assert_eq!(is_live(&algorithm, &state, now), live);
+                assert_eq!(is_live(rest_time(&algorithm, &state), now), live);
                 let general = decide_in(&cell, &algorithm, now, |s| {
                     sluice_core::algorithm::decide(&algorithm, Some(s), now, 0, None)
                 });

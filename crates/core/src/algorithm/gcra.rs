@@ -22,15 +22,99 @@ pub struct State {
 /// The emission interval `T` in µs: one request is "earned" every `T` µs (never below 1).
 pub fn emission_interval_us(rate: Rate) -> u64 {
     let amount = rate.amount.max(1);
-    // The same quotient in u64 when the product fits (a 128-bit division is a library call).
+    // The same quotient in u64 when the product fits (a 128-bit division is a library call),
+    // and none at all for one request per period.
     match rate.per_ms.checked_mul(1000) {
+        Some(us) if amount == 1 => us.max(1),
         Some(us) => (us / amount).max(1),
         None => ((rate.per_ms as u128 * 1000) / amount as u128).max(1) as u64,
     }
 }
 
+/// When a state is back at rest: its TAT (a TAT in the past means the same as none).
+#[inline]
+pub fn rest_time(state: &State) -> Timestamp {
+    state.tat
+}
+
 /// Decides one request (see `docs/algorithms.md`, "GCRA").
+///
+/// In 64-bit integers when every intermediate value fits (any realistic rate, burst, cost
+/// and clock), else in [`decide_wide`]'s 128-bit arithmetic; both answer the same (a property
+/// test holds them equal, and both to [`reference`]). The 64-bit form is the embedded
+/// store's hot path: a denial of cost 1 does no division and writes nothing.
+#[inline]
 pub fn decide(
+    state: Option<&State>,
+    rate: Rate,
+    burst: u64,
+    now: Timestamp,
+    cost: u64,
+) -> Outcome<State> {
+    match decide_u64(state, rate, burst, now, cost) {
+        Some(outcome) => outcome,
+        None => decide_wide(state, rate, burst, now, cost),
+    }
+}
+
+/// `floor(next / t)`, without the division below one interval (every denial of cost 1).
+#[inline]
+fn whole_intervals(next: u64, t: u64) -> u64 {
+    if next < t { 0 } else { next / t }
+}
+
+/// [`decide`] in 64-bit arithmetic; `None` when an intermediate value would overflow.
+///
+/// A request is let through when `new_tat - tolerance <= now`, written here as
+/// `new_tat <= now + tolerance` so no value goes below zero; a denial's wait is the
+/// difference. `tat >= now` (a TAT in the past counts as `now`), so the TTLs are not
+/// negative either.
+#[inline]
+fn decide_u64(
+    state: Option<&State>,
+    rate: Rate,
+    burst: u64,
+    now: Timestamp,
+    cost: u64,
+) -> Option<Outcome<State>> {
+    let t = emission_interval_us(rate);
+    let limit = burst.checked_add(1)?;
+    let tolerance = t.checked_mul(limit)?;
+    let increment = t.checked_mul(cost)?;
+    let tat = state.map_or(now, |s| s.tat.max(now));
+    let new_tat = tat.checked_add(increment)?;
+    let horizon = now.checked_add(tolerance)?;
+    if new_tat > horizon {
+        let ttl = tat - now;
+        let remaining = whole_intervals(tolerance.saturating_sub(ttl), t);
+        let reset = ceil_ms(ttl);
+        let decision = if increment <= tolerance {
+            Decision::limited(limit, remaining, ceil_ms(new_tat - horizon), reset)
+        } else {
+            Decision::cost_exceeds_limit(limit, remaining, reset)
+        };
+        return Some(Outcome {
+            decision,
+            update: Update::Keep,
+        });
+    }
+    let ttl = new_tat - now;
+    let decision = Decision::allow(limit, whole_intervals(tolerance - ttl, t), ceil_ms(ttl));
+    let update = if cost == 0 {
+        Update::Keep
+    } else {
+        Update::Put {
+            state: State { tat: new_tat },
+            expires_at: new_tat,
+        }
+    };
+    Some(Outcome { decision, update })
+}
+
+/// [`decide`] in 128-bit arithmetic, for the parameters whose intermediate values do not fit
+/// 64 bits (public so the property tests can hold the two forms equal).
+#[inline(never)]
+pub fn decide_wide(
     state: Option<&State>,
     rate: Rate,
     burst: u64,

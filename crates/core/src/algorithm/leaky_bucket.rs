@@ -33,7 +33,7 @@ pub fn decide(
     let Rate {
         amount: r,
         per_ms: p,
-    } = rate.reduced();
+    } = super::reduced(rate);
     let full = capacity * p;
     let now_ms = now / 1000;
     let level = match state {

@@ -24,7 +24,7 @@ mod validate;
 
 use crate::clock::Timestamp;
 use crate::decision::{Decision, LeaseId};
-use crate::policy::Algorithm;
+use crate::policy::{Algorithm, Rate};
 
 pub use adjust::{AdjustError, Adjustment, adjust};
 pub use registry::{
@@ -162,18 +162,13 @@ pub fn decide(
 pub fn rest_time(algorithm: &Algorithm, state: &State) -> Option<Timestamp> {
     let ms = |last_ms: u64, wait_ms: u64| last_ms.saturating_add(wait_ms).saturating_mul(1000);
     match (state, algorithm) {
-        (State::Gcra(s), Algorithm::Gcra { .. }) => Some(s.tat),
+        (State::Gcra(s), Algorithm::Gcra { .. }) => Some(gcra::rest_time(s)),
         (State::TokenBucket(s), Algorithm::TokenBucket { capacity, rate }) => {
-            let r = rate.reduced();
-            let full = capacity.saturating_mul(r.per_ms);
-            Some(ms(
-                s.last_ms,
-                full.saturating_sub(s.tokens).div_ceil(r.amount.max(1)),
-            ))
+            Some(token_bucket::rest_time(s, *capacity, *rate))
         }
         (State::LeakyBucket(s), Algorithm::LeakyBucket { rate, .. }) => Some(ms(
             s.last_ms,
-            s.level.div_ceil(rate.reduced().amount.max(1)),
+            s.level.div_ceil(reduced(*rate).amount.max(1)),
         )),
         (State::FixedWindow(s), Algorithm::FixedWindow { window_ms, .. }) => {
             let (_, end) = fixed_window::epoch_bounds((*window_ms).max(1), s.window_start);
@@ -206,6 +201,18 @@ pub fn release(state: Option<&State>, now: Timestamp, lease: &LeaseId) -> (bool,
             (held, update)
         }
         _ => (false, Update::Keep),
+    }
+}
+
+/// `rate` in lowest terms ([`Rate::reduced`]), without its GCD loop when the rate is in
+/// lowest terms by its form: one unit per period (`1/h`, `1/s`) or a period of 1 ms. The
+/// buckets reduce their rate on every decision; this is their hot path.
+#[inline]
+pub(crate) fn reduced(rate: Rate) -> Rate {
+    if rate.amount == 1 || rate.per_ms == 1 {
+        rate
+    } else {
+        rate.reduced()
     }
 }
 

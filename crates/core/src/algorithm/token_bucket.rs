@@ -4,7 +4,7 @@
 //! Tokens are kept in units of `1/P` token where the reduced rate is `R` tokens per `P` ms, so
 //! refilling `R` units per millisecond is exact integer arithmetic (see `docs/algorithms.md`).
 
-use super::{Outcome, Update, div_ceil};
+use super::{Outcome, Update, div_ceil, reduced};
 use crate::clock::Timestamp;
 use crate::decision::Decision;
 use crate::policy::Rate;
@@ -18,7 +18,28 @@ pub struct State {
     pub last_ms: u64,
 }
 
+/// When a state is back at rest: the time its bucket is full again.
+#[inline]
+pub fn rest_time(state: &State, capacity: u64, rate: Rate) -> Timestamp {
+    let r = reduced(rate);
+    let full = capacity.saturating_mul(r.per_ms);
+    let wait_ms = full.saturating_sub(state.tokens).div_ceil(r.amount.max(1));
+    state.last_ms.saturating_add(wait_ms).saturating_mul(1000)
+}
+
+/// Whole tokens in `units`, without the division when there is less than one (every
+/// denial of cost 1).
+#[inline]
+fn whole_tokens(units: u64, p: u64) -> u64 {
+    if units < p { 0 } else { units / p }
+}
+
 /// Decides one request.
+///
+/// Integer arithmetic throughout (tokens in units of `1/P`); the refill test
+/// `elapsed * R >= missing` is the same as `elapsed >= ceil(missing / R)` without its
+/// division, and a denial of cost 1 divides only by a reduced rate of more than one unit.
+#[inline]
 pub fn decide(
     state: Option<&State>,
     capacity: u64,
@@ -29,7 +50,7 @@ pub fn decide(
     let Rate {
         amount: r,
         per_ms: p,
-    } = rate.reduced();
+    } = reduced(rate);
     let full = capacity * p;
     let now_ms = now / 1000;
     let tokens = match state {
@@ -37,7 +58,11 @@ pub fn decide(
         Some(s) => {
             let elapsed = now_ms.saturating_sub(s.last_ms);
             let missing = full.saturating_sub(s.tokens);
-            if elapsed >= div_ceil(missing, r) {
+            // An overflowing product is more than any `missing`.
+            if elapsed
+                .checked_mul(r)
+                .is_none_or(|refilled| refilled >= missing)
+            {
                 full
             } else {
                 s.tokens + elapsed * r
@@ -45,8 +70,11 @@ pub fn decide(
         }
     };
     if cost > capacity {
-        let decision =
-            Decision::cost_exceeds_limit(capacity, tokens / p, div_ceil(full - tokens, r));
+        let decision = Decision::cost_exceeds_limit(
+            capacity,
+            whole_tokens(tokens, p),
+            div_ceil(full - tokens, r),
+        );
         return Outcome {
             decision,
             update: Update::Keep,
@@ -56,7 +84,7 @@ pub fn decide(
     if tokens < need {
         let decision = Decision::limited(
             capacity,
-            tokens / p,
+            whole_tokens(tokens, p),
             div_ceil(need - tokens, r),
             div_ceil(full - tokens, r),
         );

@@ -329,3 +329,127 @@ proptest! {
         }
     }
 }
+
+/// The token bucket written literally from `docs/algorithms.md`: the rate reduced by its GCD
+/// on every call, the refill test as `elapsed >= ceil(missing / R)`, every quotient divided
+/// out. [`sluice_core::algorithm::token_bucket::decide`] skips the GCD for rates in lowest
+/// terms by form, multiplies instead of dividing in the refill test and skips the division
+/// of less than one token; it must answer exactly this.
+fn token_bucket_literal(
+    state: Option<&sluice_core::algorithm::token_bucket::State>,
+    capacity: u64,
+    rate: Rate,
+    now: u64,
+    cost: u64,
+) -> algorithm::Outcome<sluice_core::algorithm::token_bucket::State> {
+    let Rate {
+        amount: r,
+        per_ms: p,
+    } = rate.reduced();
+    let full = capacity * p;
+    let now_ms = now / 1000;
+    let tokens = match state {
+        None => full,
+        Some(s) => {
+            let elapsed = now_ms.saturating_sub(s.last_ms);
+            if elapsed >= full.saturating_sub(s.tokens).div_ceil(r) {
+                full
+            } else {
+                s.tokens + elapsed * r
+            }
+        }
+    };
+    let keep = |decision| algorithm::Outcome {
+        decision,
+        update: Update::Keep,
+    };
+    if cost > capacity {
+        return keep(Decision::cost_exceeds_limit(
+            capacity,
+            tokens / p,
+            (full - tokens).div_ceil(r),
+        ));
+    }
+    let need = cost * p;
+    if tokens < need {
+        return keep(Decision::limited(
+            capacity,
+            tokens / p,
+            (need - tokens).div_ceil(r),
+            (full - tokens).div_ceil(r),
+        ));
+    }
+    let left = tokens - need;
+    let reset = (full - left).div_ceil(r);
+    let decision = Decision::allow(capacity, left / p, reset);
+    if cost == 0 {
+        return keep(decision);
+    }
+    algorithm::Outcome {
+        decision,
+        update: Update::Put {
+            state: sluice_core::algorithm::token_bucket::State {
+                tokens: left,
+                last_ms: now_ms,
+            },
+            expires_at: (now_ms + reset) * 1000,
+        },
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// GCRA's 64-bit form (the embedded store's hot path) answers exactly what its 128-bit
+    /// form does, on values that fit 64 bits and on values that overflow them (where
+    /// `decide` falls back to the 128-bit form): huge bursts and costs, TATs far ahead of or
+    /// behind the clock, clocks near the end of `u64`.
+    #[test]
+    fn gcra_64_bit_form_equals_the_128_bit_form(
+        amount in prop_oneof![Just(1u64), 1u64..=1000, 1u64..=(1 << 40)],
+        per_ms in prop_oneof![Just(1000u64), Just(3_600_000), 1u64..=(1 << 40)],
+        burst in prop_oneof![0u64..=10, 0u64..=(1 << 60)],
+        cost in prop_oneof![0u64..=3, 0u64..=(1 << 60)],
+        now in prop_oneof![Just(T0), 0u64..=u64::MAX / 2, (u64::MAX - (1 << 50))..=u64::MAX],
+        tat in prop_oneof![Just(None), any::<u64>().prop_map(Some), (0u64..=(1 << 45)).prop_map(Some)],
+        tat_from_now: bool,
+    ) {
+        let rate = Rate::new(amount, per_ms);
+        // A TAT given as an offset from `now` (the common case: a little ahead) or absolute.
+        let state = tat.map(|t| gcra::State {
+            tat: if tat_from_now { now.saturating_add(t) } else { t },
+        });
+        let fast = gcra::decide(state.as_ref(), rate, burst, now, cost);
+        let wide = gcra::decide_wide(state.as_ref(), rate, burst, now, cost);
+        prop_assert_eq!(fast, wide);
+    }
+
+    /// The token bucket equals its literal form on every step of random sequences, with
+    /// rates in and out of lowest terms and of one unit per period.
+    #[test]
+    fn token_bucket_equals_its_literal_form(
+        capacity in prop_oneof![1u64..=8, 1u64..=1_000_000_000],
+        amount in prop_oneof![Just(1u64), 1u64..=7, 1u64..=100_000],
+        per_ms in prop::sample::select(vec![1u64, 100, 1000, 3000, 60_000, 3_600_000]),
+        steps in prop::collection::vec((0u64..3_000_000, 0u64..=10), 1..60),
+    ) {
+        let rate = Rate::new(amount, per_ms);
+        let algorithm = Algorithm::TokenBucket { capacity, rate };
+        prop_assume!(algorithm.validate().is_ok());
+        let mut state = None;
+        let mut now = T0;
+        for (gap, cost) in steps {
+            now += gap;
+            let got = algorithm::token_bucket::decide(state.as_ref(), capacity, rate, now, cost);
+            let want = token_bucket_literal(state.as_ref(), capacity, rate, now, cost);
+            prop_assert_eq!(&got, &want);
+            if let Update::Put { state: s, expires_at } = got.update {
+                prop_assert_eq!(
+                    algorithm::rest_time(&algorithm, &State::TokenBucket(s)),
+                    Some(expires_at)
+                );
+                state = Some(s);
+            }
+        }
+    }
+}
