@@ -52,9 +52,10 @@ end
 -- again one item per call, not read as absent.
 local function batch_reads(items)
   if BATCH_PER_KEY_READS then
+    local rpcall = redis.pcall
     local vals = {}
     for i = 1, #items do
-      local v = pcall_('GET', items[i])
+      local v = rpcall('GET', items[i])
       if type(v) == 'string' then
         vals[i] = v
       elseif type(v) == 'table' and v.err and not string.find(v.err, 'WRONGTYPE', 1, true) then
@@ -69,6 +70,10 @@ local function batch_reads(items)
 end
 
 local function batch_step(step, keys, argv)
+  -- redis.call itself, not common.lua's wrapper (which a function library needs while it
+  -- loads; at call time it is reachable): one Lua call less per write, with redis.pcall
+  -- for the Cluster form's reads 2-3% of a decision's instructions (callgrind).
+  local rcall = redis.call
   local now = now_us(argv[1])
   local pad = tonumber(argv[2])
   local p1 = tonumber(argv[3]) or 0
@@ -105,7 +110,7 @@ local function batch_step(step, keys, argv)
     o = o + 4
     if value then
       if distinct then
-        call('SET', key, value, 'PX', ttl + pad)
+        rcall('SET', key, value, 'PX', ttl + pad)
       else
         if ttl_of[key] == nil then
           order[#order + 1] = key
@@ -117,7 +122,7 @@ local function batch_step(step, keys, argv)
   end
   for j = 1, #order do
     local key = order[j]
-    call('SET', key, value_of[key], 'PX', ttl_of[key] + pad)
+    rcall('SET', key, value_of[key], 'PX', ttl_of[key] + pad)
   end
   return out
 end

@@ -13,7 +13,10 @@ use crate::scripts;
 use redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 use sluice_core::algorithm::AlgorithmKind;
 use sluice_core::{Clock, StoreError};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// Runs a script (or its function) with `keys` and `args`, recovering from a flushed script
@@ -89,11 +92,21 @@ pub(super) async fn invoke_timed(
     keys: Vec<String>,
     args: Vec<String>,
 ) -> Result<Value, StoreError> {
-    let ms = timeout.as_millis() as u64;
     let call = {
         let (conn, lua) = (conn.clone(), lua.clone());
         Box::pin(async move { invoke(&conn, mode, &lua, function, &keys, &args).await })
     };
+    timed(conn, timeout, call).await
+}
+
+/// A call on the server (`call`) under `timeout`, with errors mapped to [`StoreError`]: the
+/// rules of [`invoke_timed`].
+async fn timed(
+    conn: &Conn,
+    timeout: Duration,
+    call: Pin<Box<dyn Future<Output = Result<Value, RedisError>> + Send>>,
+) -> Result<Value, StoreError> {
+    let ms = timeout.as_millis() as u64;
     let mut call = call;
     let outcome = match tokio::time::timeout(timeout, &mut call).await {
         Ok(r) => Some(r),
@@ -165,8 +178,13 @@ fn shows_life(r: &Result<Value, RedisError>) -> bool {
     }
 }
 
-/// Runs the batch scripts on `conn` (EVALSHA, EVAL when the script cache was flushed) under
-/// [`batch_timeout`]; `cluster` selects the one-policy scripts' Cluster form.
+/// Runs the batches on `conn` under [`batch_timeout`]; `cluster` selects the one-policy
+/// scripts' Cluster form. One-policy batches go to the batch function library (`FCALL`,
+/// loaded on the first call and again whenever a server answers that it is missing) while
+/// the server takes functions; a server that refuses them (no `FUNCTION` before Redis 7, or
+/// an ACL without `FUNCTION LOAD`/`FCALL`) gets the same code as scripts (`EVALSHA`, `EVAL`
+/// when the script cache was flushed) from then on. Mixed batches always go to the generic
+/// script.
 pub(super) fn batch_runner(conn: Conn, timeout: Duration, cluster: bool) -> crate::batch::Runner {
     use crate::batch::BatchScript;
     let generic = Arc::new(Lua::new(&scripts::BATCH));
@@ -175,27 +193,105 @@ pub(super) fn batch_runner(conn: Conn, timeout: Duration, cluster: bool) -> crat
         .iter()
         .map(|&kind| scripts::batch_step(kind, cluster).map(Lua::new))
         .collect();
+    let functions = Arc::new(AtomicBool::new(true));
     Arc::new(
         move |script: BatchScript, items: usize, keys: Vec<String>, args: Vec<String>| {
-            let (conn, generic, one_policy) =
-                (conn.clone(), Arc::clone(&generic), Arc::clone(&one_policy));
+            let (conn, generic, one_policy, functions) = (
+                conn.clone(),
+                Arc::clone(&generic),
+                Arc::clone(&one_policy),
+                Arc::clone(&functions),
+            );
             let timeout = batch_timeout(timeout, items);
             Box::pin(async move {
-                let lua = match script {
-                    BatchScript::Generic => &*generic,
-                    BatchScript::OnePolicy(kind) => match &one_policy[kind.index()] {
-                        Some(lua) => lua,
-                        None => {
-                            return Err(StoreError::Invalid(format!(
-                                "{kind} has no one-policy batch script"
-                            )));
-                        }
-                    },
+                let kind = match script {
+                    BatchScript::Generic => {
+                        return invoke_timed(
+                            &conn,
+                            ScriptMode::Eval,
+                            timeout,
+                            &generic,
+                            "",
+                            keys,
+                            args,
+                        )
+                        .await;
+                    }
+                    BatchScript::OnePolicy(kind) => kind,
                 };
-                invoke_timed(&conn, ScriptMode::Eval, timeout, lua, "", keys, args).await
+                let library = scripts::batch_library(cluster);
+                let (Some(lua), Some(function)) =
+                    (&one_policy[kind.index()], library.function(kind))
+                else {
+                    return Err(StoreError::Invalid(format!(
+                        "{kind} has no one-policy batch script"
+                    )));
+                };
+                let call = {
+                    let (conn, lua) = (conn.clone(), lua.clone());
+                    Box::pin(async move {
+                        invoke_batch(&conn, &functions, library, function, &lua, &keys, &args).await
+                    })
+                };
+                timed(&conn, timeout, call).await
             })
         },
     )
+}
+/// One batch call of a one-policy script: `FCALL function` while `functions` holds (loading
+/// `library` when the server answers that the function is missing), else the script `lua`.
+/// Only a refusal of functions as such (see [`refuses_functions`]) switches `functions` off;
+/// an error of the call itself (a Cluster node refusing a key of a slot it no longer serves,
+/// a lost connection) is the caller's, as with a script.
+async fn invoke_batch(
+    conn: &Conn,
+    functions: &AtomicBool,
+    library: &scripts::BatchLibrary,
+    function: &str,
+    lua: &Lua,
+    keys: &[String],
+    args: &[String],
+) -> Result<Value, RedisError> {
+    if functions.load(Ordering::Relaxed) {
+        let mut cmd = redis::cmd("FCALL");
+        cmd.arg(function).arg(keys.len()).arg(keys).arg(args);
+        match conn.query(&cmd).await {
+            Err(e) if is_missing_function(&e) => {
+                let mut load = redis::cmd("FUNCTION");
+                load.arg("LOAD").arg("REPLACE").arg(&library.src);
+                match conn.query(&load).await {
+                    Ok(_) => match conn.query(&cmd).await {
+                        // Flushed again between the load and the call: the script below.
+                        Err(e) if is_missing_function(&e) => {}
+                        r => return r,
+                    },
+                    // The server sent an error (no FUNCTION command, no right to load, a
+                    // library it cannot take): scripts from now on. A lost connection is
+                    // the caller's error, and the next batch tries functions again.
+                    Err(e) if matches!(e.kind(), ErrorKind::Server(_)) => {
+                        tracing::debug!("batch function library not loaded ({e}); using scripts");
+                        functions.store(false, Ordering::Relaxed);
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(e) if refuses_functions(&e) => {
+                tracing::debug!("FCALL refused ({e}); batches use scripts");
+                functions.store(false, Ordering::Relaxed);
+            }
+            r => return r,
+        }
+    }
+    invoke(conn, ScriptMode::Eval, lua, "", keys, args).await
+}
+
+/// Whether `e` says the server does not run functions for this client at all: an unknown
+/// command (before Redis 7) or an ACL refusal.
+fn refuses_functions(e: &RedisError) -> bool {
+    e.code() == Some("NOPERM")
+        || e.to_string()
+            .to_ascii_lowercase()
+            .contains("unknown command")
 }
 
 /// The timeout of a batch of `items`: the per-call timeout for each [`MIN_BATCH`] items

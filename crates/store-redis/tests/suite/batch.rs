@@ -11,7 +11,11 @@ use std::time::Duration;
 fn script_calls(server: &RedisServer) -> u64 {
     let info = server.cli(&["INFO", "commandstats"]);
     info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| {
+            ["cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_fcall:"]
+                .iter()
+                .any(|c| l.starts_with(c))
+        })
         .filter_map(|l| {
             l.split("calls=")
                 .nth(1)?

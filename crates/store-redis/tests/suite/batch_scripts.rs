@@ -244,7 +244,11 @@ async fn a_key_repeated_in_a_batch_decides_as_separate_calls() {
 fn script_calls_on(port: u16) -> u64 {
     let info = sluice_testkit::servers::redis_cli(port, &["INFO", "commandstats"]);
     info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter(|l| {
+            ["cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_fcall:"]
+                .iter()
+                .any(|c| l.starts_with(c))
+        })
         .filter_map(|l| {
             l.split("calls=")
                 .nth(1)?

@@ -12,6 +12,7 @@ mod support;
 
 mod adjust_differential;
 mod batch;
+mod batch_functions;
 mod batch_scripts;
 mod commands;
 mod conformance;
