@@ -166,20 +166,30 @@ const noop = () => {};
 
 /** Verdict names by the code the addon sends (src/limiter.rs, `Completed`). */
 const VERDICTS = ['decided', 'failed_open', 'failed_closed'];
-/** Numbers and strings per check in a delivered batch (src/limiter.rs). */
-const NUMBERS_PER_CHECK = 8;
-const TEXTS_PER_CHECK = 3;
+/**
+ * Numbers per check in a delivered batch (src/limiter.rs, `Completed`): id, allowed,
+ * remaining, limit, retryAfterMs, resetAfterMs, delayMs, verdict, then where the check's
+ * headers, reason and lease token end in the batch's text.
+ */
+const NUMBERS_PER_CHECK = 11;
+/** Numbers per check given to `submitMany`: id, policy index, cost, identity length. */
+const SUBMITTED_PER_CHECK = 4;
 
 /**
  * The answer to a check, made from the addon's compact batch. `headers` is built from its
- * text the first time it is read (most callers of `check` read only `allowed`): one string
- * per check crosses from Rust, not an object of header strings.
+ * text the first time it is read (most callers of `check` read only `allowed`): the batch's
+ * texts cross from Rust as one string, and a result only remembers where its headers are.
  */
 class Checked {
-  #rawHeaders;
+  #text;
+  #from;
+  #to;
   #headers;
 
-  constructor(numbers, i, texts, j) {
+  constructor(numbers, i, text, from) {
+    const headersEnd = numbers[i + 8];
+    const reasonEnd = numbers[i + 9];
+    const leaseEnd = numbers[i + 10];
     this.allowed = numbers[i + 1] === 1;
     this.remaining = numbers[i + 2];
     this.limit = numbers[i + 3];
@@ -187,9 +197,11 @@ class Checked {
     this.resetAfterMs = numbers[i + 5];
     this.delayMs = numbers[i + 6];
     this.verdict = VERDICTS[numbers[i + 7]];
-    this.reason = texts[j + 1] ?? undefined;
-    this.leaseToken = texts[j + 2] ?? undefined;
-    this.#rawHeaders = texts[j];
+    this.reason = reasonEnd > headersEnd ? text.slice(headersEnd, reasonEnd) : undefined;
+    this.leaseToken = leaseEnd > reasonEnd ? text.slice(reasonEnd, leaseEnd) : undefined;
+    this.#text = text;
+    this.#from = from;
+    this.#to = headersEnd;
     this.#headers = undefined;
   }
 
@@ -197,9 +209,12 @@ class Checked {
   get headers() {
     if (this.#headers === undefined) {
       const h = {};
-      const parts = this.#rawHeaders ? this.#rawHeaders.split('\n') : [];
-      for (let k = 0; k + 1 < parts.length; k += 2) h[parts[k]] = parts[k + 1];
+      if (this.#to > this.#from) {
+        const parts = this.#text.slice(this.#from, this.#to).split('\n');
+        for (let k = 0; k + 1 < parts.length; k += 2) h[parts[k]] = parts[k + 1];
+      }
       this.#headers = h;
+      this.#text = undefined; // the batch's text is no longer held for this result
     }
     return this.#headers;
   }
@@ -221,13 +236,13 @@ class InFlight {
     this.nextId = 0;
     this.keepAlive = null;
     this.deliver = (batch) => {
-      const { numbers, texts } = batch;
-      for (let i = 0, j = 0; i < numbers.length; i += NUMBERS_PER_CHECK, j += TEXTS_PER_CHECK) {
+      const { numbers, text } = batch;
+      for (let i = 0, from = 0; i < numbers.length; from = numbers[i + 10], i += NUMBERS_PER_CHECK) {
         const id = numbers[i];
         const resolve = this.resolvers.get(id);
         if (resolve === undefined) continue;
         this.resolvers.delete(id);
-        resolve(new Checked(numbers, i, texts, j));
+        resolve(new Checked(numbers, i, text, from));
       }
       if (this.resolvers.size === 0 && this.keepAlive !== null) {
         clearInterval(this.keepAlive);
@@ -290,6 +305,7 @@ class Limiter {
     // batch rather than per check.
     this.policyIds = new WeakMap();
     this.batch = null;
+    this.flushBatch = () => this.flush();
   }
 
   /** The index `policy` is registered under for `submitMany`, or null (registry full). */
@@ -302,18 +318,20 @@ class Limiter {
     return id;
   }
 
-  /** A check queued for the next `submitMany`; a Promise of its result. */
+  /**
+   * A check queued for the next `submitMany`; a Promise of its result. The batch is kept as
+   * the addon takes it: four numbers per check and the identities joined into one string
+   * (cut apart again by their lengths), so it crosses as two values.
+   */
   queue(policy, policyId, identity, cost) {
     let b = this.batch;
     if (b === null) {
-      b = this.batch = { ids: [], policyIds: [], identities: [], costs: [], policies: [], rejects: [] };
-      queueMicrotask(() => this.flush());
+      b = this.batch = { numbers: [], identities: '', policies: [], rejects: [] };
+      queueMicrotask(this.flushBatch);
     }
     return this.inFlight.add((id, reject) => {
-      b.ids.push(id);
-      b.policyIds.push(policyId);
-      b.identities.push(identity);
-      b.costs.push(cost);
+      b.numbers.push(id, policyId, cost, identity.length);
+      b.identities += identity;
       b.policies.push(policy);
       b.rejects.push(reject);
     });
@@ -323,16 +341,20 @@ class Limiter {
   flush() {
     const b = this.batch;
     this.batch = null;
-    if (b === null || b.ids.length === 0) return;
+    if (b === null || b.policies.length === 0) return;
     try {
-      this.native.submitMany(b.ids, b.policyIds, b.identities, b.costs);
+      this.native.submitMany(Float64Array.from(b.numbers), b.identities);
     } catch {
-      for (let i = 0; i < b.ids.length; i++) {
+      for (let k = 0, at = 0; k < b.policies.length; k++) {
+        const i = k * SUBMITTED_PER_CHECK;
+        const [id, , cost, length] = b.numbers.slice(i, i + SUBMITTED_PER_CHECK);
+        const identity = b.identities.slice(at, at + length);
+        at += length;
         try {
-          this.native.submit(b.ids[i], b.policies[i], b.identities[i], { cost: b.costs[i] });
+          this.native.submit(id, b.policies[k], identity, { cost });
         } catch (e) {
-          this.inFlight.forget(b.ids[i]);
-          b.rejects[i](e);
+          this.inFlight.forget(id);
+          b.rejects[k](e);
         }
       }
     }

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use napi::bindgen_prelude::{Either, Float64Array, Function, PromiseRaw, Unknown};
+use napi::bindgen_prelude::{Either, Float64Array, Function, PromiseRaw, Unknown, Utf16String};
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
 use napi::{Env, Status};
 use napi_derive::napi;
@@ -103,20 +103,22 @@ pub(crate) fn identity_of(
 }
 
 /// Finished checks on their way back to JS, in the compact form `index.js` reads: no object
-/// per check is built here. `numbers` holds [`NUMBERS_PER_CHECK`] values per check: the id
-/// `submit` was given, allowed (0/1), remaining, limit, retryAfterMs, resetAfterMs, delayMs
-/// and the verdict (0 decided, 1 failed_open, 2 failed_closed); `texts` holds
-/// [`TEXTS_PER_CHECK`] per check: the headers as `name\nvalue\n` pairs (parsed in JS only
-/// when `result.headers` is read), the reason of a denial and the lease token (null when
-/// none).
+/// and no string per check is built here. `numbers` holds [`NUMBERS_PER_CHECK`] values per
+/// check: the id `submit` was given, allowed (0/1), remaining, limit, retryAfterMs,
+/// resetAfterMs, delayMs, the verdict (0 decided, 1 failed_open, 2 failed_closed), and where
+/// the check's three texts end in `text` (in UTF-16 units, counted from the start of
+/// `text`): the headers as `name\nvalue\n` pairs (parsed in JS only when `result.headers` is
+/// read), the reason of a denial and the lease token. A check's texts follow the previous
+/// check's; an empty reason or lease token means none (neither is ever empty when present).
 ///
 /// Why: building a JS object of ten properties and a headers object per check from Rust (a
 /// property key interned and a hidden-class transition per field) was most of the JS
-/// thread's work per decision; one typed array and one string per check are not.
+/// thread's work per decision. Three strings per check were then still three napi element
+/// writes and a string creation each; one typed array and one string per batch are two.
 #[napi(object)]
 pub struct Completed {
     pub numbers: Float64Array,
-    pub texts: Vec<Option<String>>,
+    pub text: String,
 }
 
 impl std::fmt::Debug for Completed {
@@ -128,12 +130,16 @@ impl std::fmt::Debug for Completed {
 }
 
 /// Numbers per check in [`Completed::numbers`].
-pub(crate) const NUMBERS_PER_CHECK: usize = 8;
-/// Strings per check in [`Completed::texts`].
+pub(crate) const NUMBERS_PER_CHECK: usize = 11;
+/// Texts per check in [`Completed::text`] (headers, reason, lease token).
 pub(crate) const TEXTS_PER_CHECK: usize = 3;
+/// Numbers per check in `submitMany`'s `checks`: id, registered policy index, cost and the
+/// identity's length in UTF-16 units.
+pub(crate) const SUBMITTED_NUMBERS_PER_CHECK: usize = 4;
 
 /// One finished check in its compact form (see [`Completed`]), made on the tokio thread that
-/// finished it, so the JS thread only copies it out.
+/// finished it, so the JS thread only copies it out. The last [`TEXTS_PER_CHECK`] numbers
+/// (where the texts end) are filled in when the batch is put together ([`compact`]).
 #[derive(Debug)]
 struct Completion {
     numbers: [f64; NUMBERS_PER_CHECK],
@@ -176,6 +182,9 @@ impl Completion {
                 number(leader.map_or(0, |s| s.decision.reset_after_ms)),
                 number(checked.delay_ms()),
                 verdict,
+                0.0,
+                0.0,
+                0.0,
             ],
             texts: [
                 Some(headers),
@@ -199,18 +208,58 @@ fn display_header_name_static(name: &str) -> &str {
     }
 }
 
-/// A batch of checks as one [`Completed`].
+/// A batch of checks as one [`Completed`]: their numbers one after another, their texts
+/// joined into one string, with where each text ends.
 fn compact(batch: Vec<Completion>) -> Completed {
     let mut numbers = Vec::with_capacity(batch.len() * NUMBERS_PER_CHECK);
-    let mut texts = Vec::with_capacity(batch.len() * TEXTS_PER_CHECK);
-    for c in batch {
+    let mut text = String::with_capacity(
+        batch
+            .iter()
+            .flat_map(|c| c.texts.iter().flatten())
+            .map(String::len)
+            .sum(),
+    );
+    let mut end = 0usize;
+    for mut c in batch {
+        for (k, t) in c.texts.iter().enumerate() {
+            if let Some(t) = t {
+                text.push_str(t);
+                end += utf16_len(t);
+            }
+            c.numbers[NUMBERS_PER_CHECK - TEXTS_PER_CHECK + k] = end as f64;
+        }
         numbers.extend_from_slice(&c.numbers);
-        texts.extend(c.texts);
     }
     Completed {
         numbers: Float64Array::new(numbers),
-        texts,
+        text,
     }
+}
+
+/// The length of `s` in UTF-16 units, as JS counts string offsets.
+fn utf16_len(s: &str) -> usize {
+    if s.is_ascii() {
+        s.len()
+    } else {
+        s.encode_utf16().count()
+    }
+}
+
+/// The identities of a `submitMany` batch, cut out of their joined UTF-16 text by their
+/// lengths; `None` when the lengths do not add up to the text.
+fn split_identities(text: &[u16], lengths: impl Iterator<Item = f64>) -> Option<Vec<String>> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    for len in lengths {
+        if !(len.is_finite() && len >= 0.0 && len.fract() == 0.0) {
+            return None;
+        }
+        let end = at.checked_add(len as usize)?;
+        // Lone surrogates become U+FFFD, as napi's UTF-8 conversion of a string makes them.
+        out.push(String::from_utf16_lossy(text.get(at..end)?));
+        at = end;
+    }
+    (at == text.len()).then_some(out)
 }
 
 /// The JS function that receives batches of completions; weak, so it never keeps the
@@ -427,40 +476,44 @@ impl Limiter {
         u32::try_from(policies.len() - 1).ok()
     }
 
-    /// Many `submit`s in one call, for identities given as text: check `i` is
-    /// `(ids[i], registered policy policies[i], identities[i], costs[i])`. The results come
-    /// back through `deliverTo`'s function as each finishes. One call and one tokio task per
-    /// batch instead of per check. Bad input (an unknown policy index, an empty or too long
-    /// identity, a cost that is not a whole number) throws and submits nothing, so the
-    /// caller can retry the checks one by one with `submit` to find which one is wrong.
+    /// Many `submit`s in one call, for identities given as text: check `i` is the numbers
+    /// `checks[4i..4i+4]` (id, registered policy index, cost, the identity's length in
+    /// UTF-16 units), its identity the next that many units of `identities` (all of the
+    /// batch's identities joined). The results come back through `deliverTo`'s function as
+    /// each finishes. One call and one tokio task per batch instead of per check, and two
+    /// values cross napi however many checks there are (an array of numbers and a string per
+    /// check took a napi call per element). Bad input (an unknown policy index, an empty or
+    /// too long identity, a cost that is not a whole number, lengths that do not add up)
+    /// throws and submits nothing, so the caller can retry the checks one by one with
+    /// `submit` to find which one is wrong.
     #[napi]
-    pub fn submit_many(
-        &self,
-        ids: Vec<u32>,
-        policies: Vec<u32>,
-        identities: Vec<String>,
-        costs: Vec<f64>,
-    ) -> napi::Result<()> {
+    pub fn submit_many(&self, checks: &[f64], identities: Utf16String) -> napi::Result<()> {
         let outbox = self
             .outbox
             .clone()
             .ok_or_else(|| invalid("submitMany needs deliverTo first"))?;
-        let n = ids.len();
-        if policies.len() != n || identities.len() != n || costs.len() != n {
+        if checks.len() % SUBMITTED_NUMBERS_PER_CHECK != 0 {
             return Err(invalid(
-                "submitMany: ids, policies, identities and costs differ in length",
+                "submitMany: checks must hold 4 numbers per check (id, policy, cost, identity length)",
             ));
         }
-        let mut jobs = Vec::with_capacity(n);
+        let rows = checks.chunks_exact(SUBMITTED_NUMBERS_PER_CHECK);
+        let names =
+            split_identities(&identities, rows.clone().map(|row| row[3])).ok_or_else(|| {
+                invalid("submitMany: the identity lengths do not add up to the identities given")
+            })?;
+        let mut jobs = Vec::with_capacity(names.len());
         {
             let registered = self.policies.lock().unwrap_or_else(|e| e.into_inner());
-            for (((id, p), identity), cost) in
-                ids.into_iter().zip(policies).zip(identities).zip(costs)
-            {
-                let policy = registered
-                    .get(p as usize)
+            for (row, identity) in rows.zip(names) {
+                let id = whole(row[0], "id")?;
+                let id = u32::try_from(id).map_err(|_| invalid("submitMany: id above 2^32"))?;
+                let p = whole(row[1], "policy")?;
+                let policy = usize::try_from(p)
+                    .ok()
+                    .and_then(|p| registered.get(p))
                     .ok_or_else(|| invalid(format!("submitMany: no policy registered as {p}")))?;
-                let cost = whole(cost, "cost")?;
+                let cost = whole(row[2], "cost")?;
                 let identity = identity_of(Some(identity), None, &self.hash_key)?;
                 jobs.push((id, Arc::clone(policy), identity, cost));
             }
