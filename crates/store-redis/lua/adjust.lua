@@ -14,6 +14,7 @@
 -- Each algorithm registers its charge and refund (ADJUST.<code>, common.lua) in its own file,
 -- next to its check; this file is only the entry point.
 local function adjust(keys, argv)
+  bind_libs()
   local now = now_us(argv[1])
   local pad = tonumber(argv[2])
   local code = argv[3]

@@ -10,6 +10,7 @@
 -- microsecond would get (an item sees the writes of earlier items on the same key).
 -- Redis commands per call: one TIME for the whole batch plus each item's own (GET, SET).
 local function batch(keys, argv)
+  bind_libs()
   local now = now_us(argv[1])
   local pad = tonumber(argv[2])
   local flat = {}

@@ -74,6 +74,7 @@ local function batch_step(step, keys, argv)
   -- loads; at call time it is reachable): one Lua call less per write, with redis.pcall
   -- for the Cluster form's reads 2-3% of a decision's instructions (callgrind).
   local rcall = redis.call
+  bind_libs()
   local now = now_us(argv[1])
   local pad = tonumber(argv[2])
   local p1 = tonumber(argv[3]) or 0

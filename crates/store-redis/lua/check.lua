@@ -11,6 +11,7 @@
 -- Writes happen only when every item admits. Redis commands per call: TIME (unless ARGV[1]
 -- is given) plus the algorithms' own (see each algorithm's header).
 local function check(keys, argv)
+  bind_libs()
   local now = now_us(argv[1])
   local pad = tonumber(argv[2])
   local n = #keys

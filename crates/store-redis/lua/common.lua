@@ -3,8 +3,18 @@
 -- Integer arithmetic on Lua doubles: every value sluice passes is below 2^53, where doubles
 -- are exact; divisions are corrected to the exact floor/ceil. Values are written with %d so
 -- no precision is lost to Lua's default %.14g formatting.
+--
+-- math.floor, struct.pack and struct.unpack as upvalues: a global and a field lookup less on
+-- each use, ~3% of a batched decision's instructions (callgrind). A function library cannot
+-- reach `math` or `struct` while it loads, so every entry point (check, batch, batch_step,
+-- release, adjust) calls bind_libs first, at call time.
+local M_FLOOR, S_PACK, S_UNPACK
+local function bind_libs()
+  M_FLOOR, S_PACK, S_UNPACK = math.floor, struct.pack, struct.unpack
+end
+
 local function floor(x)
-  return math.floor(x)
+  return M_FLOOR(x)
 end
 -- Looked up at call time: a function library cannot reach redis.call or math while it loads.
 local function call(...)
@@ -15,12 +25,12 @@ local function pcall_(...)
 end
 
 -- Exact floor(a / b) for 0 <= a < 2^53, b >= 1; free when b = 1 (a rate reduced to one unit
--- per ms), and math.floor called directly: the divisions are most of a decision's own Lua.
+-- per ms), and M_FLOOR called directly: the divisions are most of a decision's own Lua.
 local function fdiv(a, b)
   if b == 1 then
     return a
   end
-  local q = math.floor(a / b)
+  local q = M_FLOOR(a / b)
   if q * b > a then
     q = q - 1
   elseif (q + 1) * b <= a then

@@ -11,7 +11,7 @@ local GCRA_TAG = 71
 -- The TAT (µs) of a stored GCRA value, or nil (another algorithm's state).
 local function gcra_state(v)
   if #v == 9 then
-    local tag, tat = struct.unpack('<Bd', v)
+    local tag, tat = S_UNPACK('<Bd', v)
     if tag == GCRA_TAG then
       return tat
     end
@@ -24,7 +24,7 @@ local function gcra_state(v)
 end
 
 local function gcra_value(tat)
-  return struct.pack('<Bd', GCRA_TAG, tat)
+  return S_PACK('<Bd', GCRA_TAG, tat)
 end
 
 -- The TAT (µs) of stored value v at `now`: never before `now` (a TAT in the past, or none,

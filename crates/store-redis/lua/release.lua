@@ -8,6 +8,7 @@
 -- Redis commands: TIME (unless now is given), ZSCORE; when held: ZREM, ZREMRANGEBYSCORE,
 -- ZRANGE, PEXPIRE (an empty set is deleted by Redis itself).
 local function release(keys, argv)
+  bind_libs()
   local now = now_us(argv[1])
   local now_ms = floor(now / 1000)
   local key = keys[1]

@@ -15,7 +15,7 @@ local TB_TAG = 84
 -- tokens, last_ms of a stored token-bucket value, or nil (another algorithm's state).
 local function tb_state(v)
   if #v == 17 then
-    local tag, t, last = struct.unpack('<Bdd', v)
+    local tag, t, last = S_UNPACK('<Bdd', v)
     if tag == TB_TAG then
       return t, last
     end
@@ -28,7 +28,7 @@ local function tb_state(v)
 end
 
 local function tb_value(tokens, last_ms)
-  return struct.pack('<Bdd', TB_TAG, tokens, last_ms)
+  return S_PACK('<Bdd', TB_TAG, tokens, last_ms)
 end
 
 -- The tokens (units) of stored value v at now_ms, refilled at r units per ms up to `full`;
