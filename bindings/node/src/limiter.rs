@@ -5,8 +5,13 @@
 //! `x-api-key` header and `sluice serve` to a `credential` field: with the same hash key all
 //! of them limit one API key under one Redis key.
 
+use std::future::Future;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
+
+use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 
 use napi::bindgen_prelude::{Either, Float64Array, Function, PromiseRaw, Unknown, Utf16String};
 use napi::threadsafe_function::{ThreadsafeFunction, ThreadsafeFunctionCallMode};
@@ -282,10 +287,20 @@ impl std::fmt::Debug for Outbox {
 
 impl Outbox {
     fn push(&self, completion: Completion) {
+        self.push_all(&mut vec![completion]);
+    }
+
+    /// Queues every completion of `done` (leaving it empty) with one lock and at most one
+    /// wake-up of the JS thread.
+    fn push_all(&self, done: &mut Vec<Completion>) {
+        if done.is_empty() {
+            return;
+        }
         let first = {
             let mut queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
-            queue.push(completion);
-            queue.len() == 1
+            let first = queue.is_empty();
+            queue.append(done);
+            first
         };
         // A non-empty queue already has a delivery on its way, which takes everything.
         if first {
@@ -293,6 +308,37 @@ impl Outbox {
                 .call((), ThreadsafeFunctionCallMode::NonBlocking);
         }
     }
+}
+
+/// Drives a batch's checks and queues their completions for the JS thread, all those that
+/// finished by the same wake-up together.
+///
+/// Why: the checks of one Redis reply finish in one poll of the batch's task. Queued one by
+/// one, the first woke the JS thread (`napi_call_threadsafe_function`: a futex and an
+/// eventfd write), which could drain the queue before the others landed and then be woken
+/// again for them; about one wake-up per 28 checks at 64 in flight. Queued after the poll,
+/// one reply is one wake-up.
+async fn deliver_as_they_finish<F>(mut pending: FuturesUnordered<F>, outbox: &Outbox)
+where
+    F: Future<Output = Completion>,
+{
+    let mut done = Vec::with_capacity(pending.len());
+    std::future::poll_fn(|cx| {
+        loop {
+            match pending.poll_next_unpin(cx) {
+                Poll::Ready(Some(completion)) => done.push(completion),
+                Poll::Ready(None) => {
+                    outbox.push_all(&mut done);
+                    return Poll::Ready(());
+                }
+                Poll::Pending => {
+                    outbox.push_all(&mut done);
+                    return Poll::Pending;
+                }
+            }
+        }
+    })
+    .await;
 }
 
 /// A rate limiter on one store.
@@ -522,14 +568,14 @@ impl Limiter {
         let headers = self.headers;
         napi::bindgen_prelude::spawn(async move {
             let limiter = &limiter;
-            let outbox = &outbox;
-            futures::future::join_all(jobs.into_iter().map(
-                |(id, policy, identity, cost)| async move {
+            let pending: FuturesUnordered<_> = jobs
+                .into_iter()
+                .map(|(id, policy, identity, cost)| async move {
                     let checked = limiter.check(&identity, &policy, cost).await;
-                    outbox.push(Completion::new(id, &checked, &headers));
-                },
-            ))
-            .await;
+                    Completion::new(id, &checked, &headers)
+                })
+                .collect();
+            deliver_as_they_finish(pending, &outbox).await;
         });
         Ok(())
     }
