@@ -309,6 +309,43 @@ test('bad checks in the same turn as good ones fail alone', async () => {
   assert.equal((await limiter.check(p, id, { cost: 0 })).remaining, 10 - 3);
 });
 
+test('identities of any text are cut out of a batch exactly (joined, then split by length)', async () => {
+  // One batch carries its identities as one string and their UTF-16 lengths: identities that
+  // are prefixes of each other, multi-byte and astral characters (surrogate pairs), the
+  // longest batched identity (170 units of 3 UTF-8 bytes each) and a lone surrogate (made
+  // U+FFFD, as napi's own conversion makes it). A wrong cut would merge or split counts.
+  const tag = freshIdentity();
+  const names = [`${tag}`, `${tag}a`, `${tag}aa`, `${tag}ü名`, `${tag}😀x`, `名`.repeat(170), `${tag}\ud800`, `${tag}é`];
+  for (const [store, url] of stores()) {
+    const limiter = await Limiter.connect(url);
+    const policy = Policy.fixedWindow('cut', { limit: 2, window: '1h' });
+    const pending = [];
+    for (let round = 0; round < 3; round++) for (const n of names) pending.push(limiter.check(policy, n));
+    const results = await Promise.all(pending);
+    names.forEach((n, i) => {
+      const mine = [0, 1, 2].map((round) => results[round * names.length + i]);
+      assert.deepEqual(mine.map((r) => r.allowed), [true, true, false], `${store}: ${JSON.stringify(n)}`);
+      assert.deepEqual(mine.map((r) => r.remaining), [1, 0, 0], `${store}: ${JSON.stringify(n)}`);
+      assert.equal(mine[2].reason, 'limited', store);
+      assert.equal(mine[0].reason, undefined, store);
+      assert.match(mine[2].headers.RateLimit, /^"cut";r=0;t=\d+$/, store);
+      assert.equal(mine[2].headers['RateLimit-Policy'], '"cut";q=2;w=3600', store);
+    });
+    // The identity the batch limited is the one the one-by-one path limits: a check alone
+    // (a credential rides the other path, so this one is alone in its batch) sees the same count.
+    for (const n of names) {
+      const alone = await limiter.check(policy, n, { cost: 0 });
+      assert.equal(alone.remaining, 0, `${store}: ${JSON.stringify(n)} alone`);
+    }
+    // Leases of a concurrency policy come back with their own results, not a neighbour's.
+    const leases = Policy.concurrency('cut-cc', { limit: 1, lease: '1m' });
+    const held = await Promise.all(names.map((n) => limiter.check(leases, n)));
+    assert.ok(held.every((r) => r.allowed && typeof r.leaseToken === 'string'), store);
+    assert.equal(new Set(held.map((r) => r.leaseToken)).size, names.length, store);
+    for (const r of held) assert.equal(await r.release(), 1, store);
+  }
+});
+
 test("the constructors are the core registry's algorithms", () => {
   const names = Object.keys(FIVE).sort();
   const made = Object.keys(Policy).filter((k) => typeof Policy[k] === 'function' && k in FIVE).sort();
