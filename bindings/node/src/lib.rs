@@ -48,7 +48,7 @@ use napi::{Error, Status};
 /// batch's task, the Redis batcher, the connection, back through the batch's task to the
 /// delivery), and with several workers those hops wake parked threads through futexes and
 /// bounce between cores. On two cores shared with the JS thread and Redis itself, one worker
-/// spent less CPU per decision than two (tokio's threads 5.5 against 6.7 µs, medians of
+/// spent less CPU per decision than two (tokio's threads 5.65 against 6.60 µs, medians of
 /// interleaved runs; docs/benchmarks.md, Node round 4). Past two cores a second worker keeps
 /// the tokio side from becoming the limit before the JS thread does.
 fn default_worker_threads() -> usize {
