@@ -51,39 +51,21 @@ pub fn decide(
     now: Timestamp,
     cost: u64,
 ) -> Outcome<State> {
-    match decide_u64(state, rate, burst, now, cost) {
-        Some(outcome) => outcome,
-        None => decide_wide(state, rate, burst, now, cost),
-    }
-}
-
-/// `floor(next / t)`, without the division below one interval (every denial of cost 1).
-#[inline]
-fn whole_intervals(next: u64, t: u64) -> u64 {
-    if next < t { 0 } else { next / t }
-}
-
-/// [`decide`] in 64-bit arithmetic; `None` when an intermediate value would overflow.
-///
-/// A request is let through when `new_tat - tolerance <= now`, written here as
-/// `new_tat <= now + tolerance` so no value goes below zero; a denial's wait is the
-/// difference. `tat >= now` (a TAT in the past counts as `now`), so the TTLs are not
-/// negative either.
-#[inline]
-fn decide_u64(
-    state: Option<&State>,
-    rate: Rate,
-    burst: u64,
-    now: Timestamp,
-    cost: u64,
-) -> Option<Outcome<State>> {
-    let t = emission_interval_us(rate);
-    let limit = burst.checked_add(1)?;
-    let tolerance = t.checked_mul(limit)?;
-    let increment = t.checked_mul(cost)?;
-    let tat = state.map_or(now, |s| s.tat.max(now));
-    let new_tat = tat.checked_add(increment)?;
-    let horizon = now.checked_add(tolerance)?;
+    let Some(Terms {
+        t,
+        limit,
+        tolerance,
+        increment,
+        tat,
+        new_tat,
+        horizon,
+    }) = Terms::of(state, rate, burst, now, cost)
+    else {
+        return decide_wide(state, rate, burst, now, cost);
+    };
+    // Let through when `new_tat - tolerance <= now`, written as `new_tat <= now + tolerance`
+    // so no value goes below zero; a denial's wait is the difference. `tat >= now`, so the
+    // TTLs are not negative either.
     if new_tat > horizon {
         let ttl = tat - now;
         let remaining = whole_intervals(tolerance.saturating_sub(ttl), t);
@@ -93,10 +75,10 @@ fn decide_u64(
         } else {
             Decision::cost_exceeds_limit(limit, remaining, reset)
         };
-        return Some(Outcome {
+        return Outcome {
             decision,
             update: Update::Keep,
-        });
+        };
     }
     let ttl = new_tat - now;
     let decision = Decision::allow(limit, whole_intervals(tolerance - ttl, t), ceil_ms(ttl));
@@ -108,7 +90,58 @@ fn decide_u64(
             expires_at: new_tat,
         }
     };
-    Some(Outcome { decision, update })
+    Outcome { decision, update }
+}
+
+/// `floor(next / t)`, without the division below one interval (every denial of cost 1).
+#[inline]
+fn whole_intervals(next: u64, t: u64) -> u64 {
+    if next < t { 0 } else { next / t }
+}
+
+/// The terms of one decision in 64-bit integers (µs), when every one fits.
+struct Terms {
+    /// The emission interval.
+    t: u64,
+    /// `burst + 1`.
+    limit: u64,
+    /// `t * (burst + 1)`.
+    tolerance: u64,
+    /// `t * cost`.
+    increment: u64,
+    /// The stored TAT, or `now` when it is in the past or absent.
+    tat: u64,
+    /// `tat + increment`.
+    new_tat: u64,
+    /// `now + tolerance`: the latest `new_tat` that is let through.
+    horizon: u64,
+}
+
+impl Terms {
+    /// `None` when one would overflow 64 bits (then [`decide_wide`] decides).
+    #[inline]
+    fn of(
+        state: Option<&State>,
+        rate: Rate,
+        burst: u64,
+        now: Timestamp,
+        cost: u64,
+    ) -> Option<Self> {
+        let t = emission_interval_us(rate);
+        let limit = burst.checked_add(1)?;
+        let tolerance = t.checked_mul(limit)?;
+        let increment = t.checked_mul(cost)?;
+        let tat = state.map_or(now, |s| s.tat.max(now));
+        Some(Self {
+            t,
+            limit,
+            tolerance,
+            increment,
+            tat,
+            new_tat: tat.checked_add(increment)?,
+            horizon: now.checked_add(tolerance)?,
+        })
+    }
 }
 
 /// [`decide`] in 128-bit arithmetic, for the parameters whose intermediate values do not fit
