@@ -70,6 +70,12 @@ pub struct GrpcLimits {
     pub max_concurrent_streams: u32,
     /// Longest time one call may take.
     pub request_timeout: Duration,
+    /// Threads serving the gRPC listener, each with its own single-threaded runtime: `None`
+    /// is one per two cores (at least one), `Some(0)` serves it on the process's shared
+    /// multi-threaded runtime instead. A single-threaded runtime answers a call without
+    /// waking a second worker, which is most of what an Envoy call costs beyond the gRPC
+    /// stack itself (docs/benchmarks.md, "Envoy RLS, round 4").
+    pub threads: Option<u32>,
 }
 
 impl Default for GrpcLimits {
@@ -79,6 +85,7 @@ impl Default for GrpcLimits {
             keepalive_timeout: Duration::from_secs(10),
             max_concurrent_streams: 1024,
             request_timeout: Duration::from_secs(10),
+            threads: None,
         }
     }
 }

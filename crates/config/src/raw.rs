@@ -69,6 +69,7 @@ pub(super) struct RawServer {
     pub grpc_keepalive_timeout: Option<Spanned<RawDuration>>,
     pub grpc_max_concurrent_streams: Option<Spanned<u64>>,
     pub grpc_request_timeout: Option<Spanned<RawDuration>>,
+    pub grpc_threads: Option<Spanned<u64>>,
     pub api_token: Option<Spanned<String>>,
     #[serde(default)]
     pub public_admin_without_token: bool,

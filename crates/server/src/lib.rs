@@ -181,14 +181,22 @@ async fn run_shared(
     // gRPC: Envoy's rate limit service and health.
     let (health, health_service) = tonic_health::server::health_reporter();
     health.set_serving::<envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitServiceServer<rls::RlsService>>().await;
-    let grpc = listener::grpc::server_builder(&grpc_limits)
+    let grpc_router = listener::grpc::server_builder(&grpc_limits)
         .layer(listener::grpc::ReserveGateLayer)
         .add_service(health_service)
-        .add_service(rls::RlsService::new(shared.clone()).server())
-        .serve_with_incoming_shutdown(
-            listener::grpc::incoming(listeners.grpc, Arc::clone(&budget)),
-            stopped(),
-        );
+        .add_service(rls::RlsService::new(shared.clone()).server());
+    let grpc_budget = Arc::clone(&budget);
+    let grpc_stopped = stopped.clone();
+    let grpc = listener::grpc::serve_on_threads(
+        listener::grpc::thread_count(&grpc_limits),
+        listeners.grpc,
+        move |socket| {
+            grpc_router.clone().serve_with_incoming_shutdown(
+                listener::grpc::incoming(socket, Arc::clone(&grpc_budget)),
+                grpc_stopped(),
+            )
+        },
+    );
     let separate_admin = listeners.admin.is_some();
     let http = listener::http::serve(
         listener::http::HttpListener {

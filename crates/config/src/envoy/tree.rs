@@ -140,11 +140,15 @@ impl Domains {
     pub fn lookup(&self, domain: &str, entries: &[(&str, &str)]) -> Option<Arc<Limit>> {
         let mut level = self.roots.get(domain)?;
         let mut found = None;
+        // The `key_value` name of an entry is built in a stack buffer when it fits (most do):
+        // a formatted `String` per entry was an allocation and a trip through `fmt` per call.
+        let mut buf = [0u8; 128];
+        let mut long = String::new();
         for (i, (key, value)) in entries.iter().enumerate() {
-            let exact = format!("{key}_{value}");
+            let exact = key_value(&mut buf, &mut long, key, value);
             let next = level
                 .children
-                .get(&exact)
+                .get(exact)
                 .or_else(|| {
                     level
                         .wildcards
@@ -170,6 +174,25 @@ impl Domains {
         }
         found
     }
+}
+
+/// `{key}_{value}`, in `buf` when it fits, else in `long`.
+fn key_value<'b>(buf: &'b mut [u8; 128], long: &'b mut String, key: &str, value: &str) -> &'b str {
+    let len = key.len() + 1 + value.len();
+    if len <= buf.len() {
+        buf[..key.len()].copy_from_slice(key.as_bytes());
+        buf[key.len()] = b'_';
+        buf[key.len() + 1..len].copy_from_slice(value.as_bytes());
+        // Two `str`s joined by an ASCII byte are UTF-8.
+        if let Ok(joined) = std::str::from_utf8(&buf[..len]) {
+            return joined;
+        }
+    }
+    long.clear();
+    long.push_str(key);
+    long.push('_');
+    long.push_str(value);
+    long
 }
 
 fn load(node: &mut Node, parent: &str, descriptors: &[DescriptorFile], global_shadow: bool) {

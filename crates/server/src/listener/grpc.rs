@@ -6,14 +6,20 @@
 //! pauses on accept errors. A connection admitted into the reserve may only call
 //! `grpc.health.v1.Health`; other calls get `UNAVAILABLE`. Keep-alive pings close dead peers, the
 //! stream cap bounds one connection's work and the per-call timeout bounds each call.
+//!
+//! The listener runs on threads of its own, each with a single-threaded runtime
+//! (`server.grpc_threads`, [`serve_on_threads`]): an Envoy call is small, and on the shared
+//! multi-threaded runtime most of its cost beyond the gRPC stack was one worker waking another
+//! (futex calls, context switches, cache lines moving between cores).
 
+use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::Stream;
-use futures::future::BoxFuture;
+use futures::future::{Either, Ready, ready};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::server::Connected;
@@ -34,6 +40,75 @@ pub fn server_builder(limits: &GrpcLimits) -> tonic::transport::Server {
         .http2_keepalive_timeout(Some(limits.keepalive_timeout))
         .max_concurrent_streams(limits.max_concurrent_streams)
         .timeout(limits.request_timeout)
+}
+
+/// The threads `limits` asks for: `threads` itself, or one per two cores (at least one).
+pub fn thread_count(limits: &GrpcLimits) -> usize {
+    limits.threads.map_or_else(
+        || {
+            std::thread::available_parallelism()
+                .map_or(1, |n| n.get() / 2)
+                .max(1)
+        },
+        |n| n as usize,
+    )
+}
+
+fn listener_error(source: std::io::Error) -> crate::ServeError {
+    crate::ServeError::Io {
+        what: "gRPC listener".into(),
+        source,
+    }
+}
+
+/// Runs `serve` on `listener`: on the calling runtime when `threads` is 0, else on `threads`
+/// threads named `sluice-grpc-<n>`, each with its own single-threaded runtime and its own copy
+/// of the listening socket, so each accepted connection (and every call on it) stays on the
+/// thread that accepted it. Returns when every copy has returned, or at the first error.
+pub async fn serve_on_threads<S, F>(
+    threads: usize,
+    listener: TcpListener,
+    serve: S,
+) -> Result<(), crate::ServeError>
+where
+    S: Fn(TcpListener) -> F + Send + Sync + 'static,
+    F: Future<Output = Result<(), tonic::transport::Error>> + Send,
+{
+    if threads == 0 {
+        return Ok(serve(listener).await?);
+    }
+    let socket = listener.into_std().map_err(listener_error)?;
+    let serve = Arc::new(serve);
+    let mut running = Vec::with_capacity(threads);
+    for n in 0..threads {
+        let socket = socket.try_clone().map_err(listener_error)?;
+        let serve = Arc::clone(&serve);
+        let (done, finished) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name(format!("sluice-grpc-{n}"))
+            .spawn(move || {
+                let served = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(listener_error)
+                    .and_then(|rt| {
+                        rt.block_on(async {
+                            let listener = TcpListener::from_std(socket).map_err(listener_error)?;
+                            Ok(serve(listener).await?)
+                        })
+                    });
+                let _ = done.send(served);
+            })
+            .map_err(listener_error)?;
+        running.push(async move {
+            finished.await.unwrap_or_else(|_| {
+                Err(listener_error(std::io::Error::other(
+                    "a gRPC listener thread stopped",
+                )))
+            })
+        });
+    }
+    futures::future::try_join_all(running).await.map(|_| ())
 }
 
 /// One accepted gRPC connection, holding its place in the budget until it closes.
@@ -169,7 +244,8 @@ where
 {
     type Response = http::Response<tonic::body::Body>;
     type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Self::Response, S::Error>>;
+    // No box per call: the refusal is ready at once, every other call is the inner future.
+    type Future = Either<Ready<Result<Self::Response, S::Error>>, S::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
         self.inner.poll_ready(cx)
@@ -185,8 +261,8 @@ where
             let status = tonic::Status::unavailable(
                 "the server is at its connection limit; only health checks are served",
             );
-            return Box::pin(std::future::ready(Ok(status.into_http())));
+            return Either::Left(ready(Ok(status.into_http())));
         }
-        Box::pin(self.inner.call(req))
+        Either::Right(self.inner.call(req))
     }
 }

@@ -102,6 +102,7 @@ upstream_timeout = "0s"
             keepalive_timeout: Duration::from_secs(5),
             max_concurrent_streams: 64,
             request_timeout: Duration::from_millis(1500),
+            threads: None,
         }
     );
     assert_eq!(c.store.max_memory, 1 << 30);
