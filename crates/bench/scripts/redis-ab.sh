@@ -12,8 +12,10 @@
 #
 #   crates/bench/scripts/redis-ab.sh SECONDS "label|single|cmd" "label|cluster|cmd" ...
 #
-# In cmd, {URL} is the server's URL (redis://... or redis+cluster://...), {PORT} the standalone
-# port and {DUR} the seconds. Example (two builds of sluice-bench, the guide's script over
+# In cmd, {URL} is the server's URL (redis://... or redis+cluster://...), {URL_SCRIPTS} the same
+# URL as the user `scripts-only`, which every server here refuses functions (FCALL, FUNCTION),
+# so sluice's batches run as scripts (EVALSHA) instead of the batch library (FCALL), {PORT} the
+# standalone port and {DUR} the seconds. Example (two builds of sluice-bench, the guide's script over
 # ioredis and rate-limiter-flexible from the anchors harness's clients/):
 #   redis-ab.sh 8 "old|single|/tmp/old redis --redis {URL} --duration {DUR} --warmup 1" \
 #     "new|single|/tmp/new redis --redis {URL} --duration {DUR} --warmup 1" \
@@ -52,6 +54,10 @@ for _ in $(seq 100); do
   redis-cli -p "${CPORTS[0]}" cluster info | grep -q cluster_state:ok && break; sleep 0.1
 done
 CURL="redis+cluster://$(IFS=,; echo "${CPORTS[*]/#/127.0.0.1:}")"
+CURL_SCRIPTS="redis+cluster://scripts-only:ab@$(IFS=,; echo "${CPORTS[*]/#/127.0.0.1:}")"
+for p in "${CPORTS[@]}" "$SP"; do
+  redis-cli -p "$p" ACL SETUSER scripts-only on '>ab' '~*' '&*' +@all -fcall -fcall_ro -function >/dev/null
+done
 # cpu PORT...: used_cpu_user+sys summed over the given servers, in s
 cpu() {
   for p in "$@"; do redis-cli -p "$p" INFO cpu; done | tr -d '\r' |
@@ -61,10 +67,12 @@ RESULTS="$WORK/results.jsonl"
 printf '%-16s %-8s %10s %10s %9s %8s %8s %9s %8s %8s %s\n' label target dec/s per_master script_us us/call cpu_us calls/dec get/dec set/dec load
 for spec in "$@"; do
   label=${spec%%|*}; rest=${spec#*|}; target=${rest%%|*}; cmd=${rest#*|}
-  if [ "$target" = cluster ]; then ports=("${CPORTS[@]}"); url=$CURL; else ports=("$SP"); url=redis://127.0.0.1:$SP/0; fi
-  cmd=${cmd//\{URL\}/$url}; cmd=${cmd//\{PORT\}/$SP}; cmd=${cmd//\{DUR\}/$DUR}
+  if [ "$target" = cluster ]; then ports=("${CPORTS[@]}"); url=$CURL; url_scripts=$CURL_SCRIPTS
+  else ports=("$SP"); url=redis://127.0.0.1:$SP/0; url_scripts=redis://scripts-only:ab@127.0.0.1:$SP/0; fi
+  cmd=${cmd//\{URL_SCRIPTS\}/$url_scripts}; cmd=${cmd//\{URL\}/$url}; cmd=${cmd//\{PORT\}/$SP}; cmd=${cmd//\{DUR\}/$DUR}
   for p in "${ports[@]}"; do
     redis-cli -p "$p" FLUSHALL >/dev/null; redis-cli -p "$p" SCRIPT FLUSH >/dev/null
+    redis-cli -p "$p" FUNCTION FLUSH >/dev/null
     redis-cli -p "$p" CONFIG RESETSTAT >/dev/null
   done
   cpu0=$(cpu "${ports[@]}")
