@@ -265,14 +265,21 @@ async fn invoke_batch(
                         Err(e) if is_missing_function(&e) => {}
                         r => return r,
                     },
-                    // The server sent an error (no FUNCTION command, no right to load, a
-                    // library it cannot take): scripts from now on. A lost connection is
-                    // the caller's error, and the next batch tries functions again.
-                    Err(e) if matches!(e.kind(), ErrorKind::Server(_)) => {
+                    // The server sent an error that will not pass (no FUNCTION command, no
+                    // right to load, a library it cannot take): scripts from now on.
+                    Err(e) if matches!(e.kind(), ErrorKind::Server(_)) && !transient(&e) => {
                         tracing::debug!("batch function library not loaded ({e}); using scripts");
                         functions.store(false, Ordering::Relaxed);
                     }
-                    Err(e) => return Err(e),
+                    // A state that passes (a server loading its data, a failover), or a
+                    // master out of reach: the load goes to every master of a Cluster, so one
+                    // of them fails it even for a batch of a healthy node. This batch runs as
+                    // a script on its own node, and the next one tries functions again.
+                    Err(e) => {
+                        tracing::debug!(
+                            "batch function library not loaded ({e}); this batch as a script"
+                        );
+                    }
                 }
             }
             Err(e) if refuses_functions(&e) => {
@@ -283,6 +290,14 @@ async fn invoke_batch(
         }
     }
     invoke(conn, ScriptMode::Eval, lua, "", keys, args).await
+}
+
+/// Whether `e` is an error reply of a state that passes (loading, busy, a failover).
+fn transient(e: &RedisError) -> bool {
+    matches!(
+        e.code(),
+        Some("LOADING" | "BUSY" | "TRYAGAIN" | "CLUSTERDOWN" | "MASTERDOWN" | "READONLY")
+    )
 }
 
 /// Whether `e` says the server does not run functions for this client at all: an unknown
