@@ -20,6 +20,7 @@ pub struct State {
 }
 
 /// The emission interval `T` in µs: one request is "earned" every `T` µs (never below 1).
+#[inline]
 pub fn emission_interval_us(rate: Rate) -> u64 {
     let amount = rate.amount.max(1);
     // The same quotient in u64 when the product fits (a 128-bit division is a library call),
