@@ -70,11 +70,13 @@ pub struct GrpcLimits {
     pub max_concurrent_streams: u32,
     /// Longest time one call may take.
     pub request_timeout: Duration,
-    /// Threads serving the gRPC listener, each with its own single-threaded runtime: `None`
-    /// is one per two cores (at least one), `Some(0)` serves it on the process's shared
-    /// multi-threaded runtime instead. A single-threaded runtime answers a call without
-    /// waking a second worker, which is most of what an Envoy call costs beyond the gRPC
-    /// stack itself (docs/benchmarks.md, "Envoy RLS, round 4").
+    /// Threads serving the gRPC listener, each with its own single-threaded runtime;
+    /// `Some(0)` serves it on the process's shared multi-threaded runtime. `None` derives it
+    /// from the store: on the embedded store one per two cores (at least one), where a
+    /// single-threaded runtime answers a call without waking a second worker, most of what an
+    /// Envoy call cost beyond the gRPC stack; on Redis 0, since a call there waits on the
+    /// store's connection tasks on the shared runtime and a hand-over between runtimes cost
+    /// more than it saved (docs/benchmarks.md, "Envoy RLS, round 4").
     pub threads: Option<u32>,
 }
 

@@ -188,7 +188,10 @@ async fn run_shared(
     let grpc_budget = Arc::clone(&budget);
     let grpc_stopped = stopped.clone();
     let grpc = listener::grpc::serve_on_threads(
-        listener::grpc::thread_count(&grpc_limits),
+        listener::grpc::thread_count(
+            &grpc_limits,
+            shared.runtime().config.store.url.trim() == "memory",
+        ),
         listeners.grpc,
         move |socket| {
             grpc_router.clone().serve_with_incoming_shutdown(

@@ -42,16 +42,17 @@ pub fn server_builder(limits: &GrpcLimits) -> tonic::transport::Server {
         .timeout(limits.request_timeout)
 }
 
-/// The threads `limits` asks for: `threads` itself, or one per two cores (at least one).
-pub fn thread_count(limits: &GrpcLimits) -> usize {
-    limits.threads.map_or_else(
-        || {
-            std::thread::available_parallelism()
-                .map_or(1, |n| n.get() / 2)
-                .max(1)
-        },
-        |n| n as usize,
-    )
+/// The threads `limits` asks for: `threads` itself, or derived from the store: one per two
+/// cores (at least one) on the embedded store, none (the shared runtime) on Redis, where every
+/// call waits on connection tasks of the shared runtime.
+pub fn thread_count(limits: &GrpcLimits, embedded_store: bool) -> usize {
+    match limits.threads {
+        Some(n) => n as usize,
+        None if embedded_store => std::thread::available_parallelism()
+            .map_or(1, |n| n.get() / 2)
+            .max(1),
+        None => 0,
+    }
 }
 
 fn listener_error(source: std::io::Error) -> crate::ServeError {

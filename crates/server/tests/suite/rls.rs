@@ -450,3 +450,26 @@ async fn answers_are_counted_per_domain_and_code() {
     );
     s.stop().await;
 }
+
+/// The listener's threads (`server.grpc_threads`): on its own single-threaded runtimes (3 of
+/// them, so connections land on different ones) and on the shared runtime (0), every call is
+/// answered and counted on the same limit, and the server stops cleanly with its threads.
+#[tokio::test]
+async fn the_listener_answers_on_its_own_threads_and_on_the_shared_runtime() {
+    for threads in [3, 0] {
+        let toml = format!("[server]\ngrpc_threads = {threads}\n\n{}", toml());
+        let s = start_with(&toml, &[("edge.yaml", DOMAIN)]).await;
+        // Several connections, so more than one thread accepts: one `login` a minute in all.
+        let mut answers = Vec::new();
+        for _ in 0..4 {
+            let mut c = RateLimitServiceClient::connect(s.grpc_url()).await.unwrap();
+            answers.push(ok(&ask(&mut c, 0, vec![desc(&[("path", "/login")])]).await));
+        }
+        assert_eq!(
+            answers,
+            [true, false, false, false],
+            "grpc_threads = {threads}"
+        );
+        s.stop().await;
+    }
+}
