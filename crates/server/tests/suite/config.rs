@@ -412,7 +412,11 @@ fn unresponsive_after_defaults_to_half_a_second_and_is_never_below_the_timeout()
 
 #[test]
 fn grpc_threads_is_kept_and_bounded() {
-    assert_eq!(parse("").server.grpc_limits.threads, None, "derived from the store");
+    assert_eq!(
+        parse("").server.grpc_limits.threads,
+        None,
+        "derived from the store"
+    );
     let c = parse("[server]\ngrpc_threads = 0\n");
     assert_eq!(c.server.grpc_limits.threads, Some(0));
     let e = errs("[server]\ngrpc_threads = 257\n");
