@@ -185,9 +185,10 @@ fn check_grpc_limits(ck: &mut Checker<'_>, s: &RawServer) -> GrpcLimits {
             "server.grpc_request_timeout",
             d.request_timeout,
         ),
-        threads: s.grpc_threads.as_ref().map(|_| {
-            ck.count(&s.grpc_threads, "server.grpc_threads", 0, 256) as u32
-        }),
+        threads: s
+            .grpc_threads
+            .as_ref()
+            .map(|_| ck.count(&s.grpc_threads, "server.grpc_threads", 0, 256) as u32),
     }
 }
 
